@@ -1,0 +1,106 @@
+"""The ``autotune`` command line: plain argparse, one small function per command.
+
+Any :class:`~autotune.errors.AutotuneError` becomes a one-line ``autotune: error: ...`` on
+stderr and exit code 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import AutotuneError
+
+__all__ = ["main"]
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _start_study(args: argparse.Namespace) -> int:
+    from . import config, study
+
+    study.quiet_libraries()
+    overrides = {"budget.n_trials": args.n_trials, "budget.timeout_s": args.timeout,
+                 "budget.max_trial_s": args.max_trial_seconds, "storage": args.storage,
+                 "tracking_uri": args.tracking_uri, "workers": args.workers,
+                 "study_name": args.study_name, "ranks_per_trial": args.ranks,
+                 "seed": args.seed, "device": args.device, "run_dir": args.run_dir,
+                 "warm_start": False if args.no_warm_start else None}
+    cfg = config.load(args.config, overrides)
+    return study.run_study(cfg)
+
+
+def _space_show(args: argparse.Namespace) -> int:
+    from .space import load_space
+
+    print(load_space(args.space, world_size=args.world_size).table())
+    return 0
+
+
+def _add_start_study(sub: Any) -> None:
+    p = sub.add_parser("start study", help="run a time-to-accuracy study",
+                       description="Run a study: trials are proposed, trained with DeepSpeed and "
+                                   "recorded in the study store and MLflow. Flags override the "
+                                   "study file.")
+    p.add_argument("config", help="a study file (.yaml, .toml) or a shipped study (quickstart)")
+    p.add_argument("--n-trials", type=int, help="finished trials the study should hold")
+    p.add_argument("--timeout", type=float, help="seconds for this run of the study")
+    p.add_argument("--max-trial-seconds", type=float, help="training seconds per trial at most")
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI or a local store directory "
+                                          "(default ./mlruns)")
+    p.add_argument("--workers", type=int, help="local workers, one trial at a time each")
+    p.add_argument("--ranks", type=int, help="DeepSpeed ranks per trial")
+    p.add_argument("--study-name", help="study name; an existing study is resumed")
+    p.add_argument("--seed", type=int, help="sampler and training seed")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="where the trainers run")
+    p.add_argument("--run-dir", help="folder for each trial's plan and log")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="do not enqueue the search space's known-good configurations")
+    p.set_defaults(func=_start_study)
+
+
+def _add_space_show(sub: Any) -> None:
+    p = sub.add_parser("space show", help="print a search space")
+    p.add_argument("space", help="a shipped space name or a Python file")
+    p.add_argument("--world-size", type=int, default=2, help="ranks the space is built for")
+    p.set_defaults(func=_space_show)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotune", description="Find the training configuration that reaches a target "
+                                     "accuracy in the least wall-clock time.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    _add_start_study(sub)
+    _add_space_show(sub)
+    return parser
+
+
+def _join_two_word_commands(argv: list[str]) -> list[str]:
+    """``start study`` and ``space show`` are single commands to argparse."""
+    if len(argv) >= 2 and f"{argv[0]} {argv[1]}" in ("start study", "space show"):
+        return [f"{argv[0]} {argv[1]}", *argv[2:]]
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = _join_two_word_commands(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(args_list)
+    try:
+        code: int = args.func(args)
+    except AutotuneError as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autotune: interrupted; the running trial is marked failed and the study can be "
+              "resumed with the same command", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Study configuration: a YAML or TOML study file, overridden by command-line flags.
+
+Precedence: flag > study file > default. Every key is declared here; unknown keys are
+rejected with the list of allowed ones. Validation is pure: it opens no database and writes
+nothing, so a bad file leaves no trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+__all__ = ["StudyConfig", "Target", "Budget", "TrainerConfig", "load", "shipped_studies",
+           "resolve_tracking_uri"]
+
+_METRICS = ("top1", "top5")
+_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str = "top1"             # top1 | top5: the validation metric to reach
+    value: float = 0.97              # in (0, 1]
+
+
+@dataclass(frozen=True)
+class Budget:
+    n_trials: int | None = 12        # finished trials the study should hold; None: no limit
+    timeout_s: float | None = None   # seconds for this run of the study; None: no limit
+    max_trial_s: float = 60.0        # training seconds after which a trial is stopped
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    program: str = "image_classifier"       # a module in trainers/
+    model: str = "resnet18"                 # a torchvision model
+    num_classes: int = 10
+    data: dict[str, Any] = field(default_factory=lambda: {"kind": "digits", "image_size": 32})
+    max_micro_batch: int = 64               # images per rank per forward pass
+    eval_every_steps: int = 0               # 0: evaluate at the end of every epoch
+    eval_batch: int = 256
+    no_wd_on_bn_bias: bool = True
+    zero_init_residual: bool = False
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    study_name: str = "quickstart"
+    search_space: str = "quickstart"        # a shipped space or a path to a Python file
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    target: Target = field(default_factory=Target)
+    budget: Budget = field(default_factory=Budget)
+    workers: int = 1                        # local workers, each running one trial at a time
+    ranks_per_trial: int = 2                # DeepSpeed ranks of each trial
+    device: str = "cpu"                     # cpu | cuda
+    storage: str = "sqlite:///autotune.db"  # Optuna storage URL
+    tracking_uri: str = "mlruns"            # MLflow tracking URI, or a local store directory
+    run_dir: str = "autotune-runs"          # each trial's plan, command and log go here
+    seed: int = 0
+    warm_start: bool = True                 # enqueue the space's known-good configurations
+    pruner_margin: float = 1.0              # stop once elapsed > margin x best TTA
+    source: str = ""                        # where the config came from (file path or name)
+    base_dir: str = "."                     # relative paths in the file are relative to this
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {"trainer": TrainerConfig, "target": Target, "budget": Budget}
+
+
+def shipped_studies() -> list[str]:
+    """Names of the study files that ship with autotune."""
+    folder = resources.files("autotune") / "studies"
+    return sorted(p.name.rsplit(".", 1)[0] for p in folder.iterdir()
+                  if p.name.endswith((".yaml", ".toml")))
+
+
+def _read(source: str) -> tuple[dict[str, Any], str, Path]:
+    path = Path(source)
+    if not path.suffix and source in shipped_studies():
+        path = Path(str(resources.files("autotune") / "studies" / f"{source}.yaml"))
+    if not path.is_file():
+        names = ", ".join(shipped_studies())
+        raise ConfigError(f"study file {source!r} not found; give a YAML or TOML file or a "
+                          f"shipped study ({names})")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            raise ConfigError(f"{path}: unknown file type {path.suffix!r}; use .yaml, .yml "
+                              "or .toml")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
+        first = " ".join(str(e).split())
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {first}") from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the study file must be a mapping of keys to values")
+    return data, str(path), path.resolve().parent
+
+
+def _check_keys(data: dict[str, Any], cls: type, where: str) -> None:
+    allowed = [f.name for f in dataclasses.fields(cls) if f.name not in ("source", "base_dir")]
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; "
+                          f"allowed: {', '.join(allowed)}")
+
+
+def _typed(value: Any, kind: Any, where: str) -> Any:
+    """``value`` converted to the field type ``kind`` (a string annotation), or an error."""
+    optional = "None" in kind
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where} must be set")
+    base = kind.replace(" | None", "")
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+          "str": isinstance(value, str), "bool": isinstance(value, bool)}
+    if base in ok and not ok[base]:
+        raise ConfigError(f"{where} must be {'a number' if base == 'float' else 'a ' + base}"
+                          f", got {value!r}")
+    if base.startswith("dict") and not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping, got {value!r}")
+    return float(value) if base == "float" else value
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    _check_keys(data, cls, where)
+    kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}.{key} must be a mapping, got {value!r}")
+            values[key] = _build(_SECTIONS[key], value, f"{where}.{key}")
+        else:
+            values[key] = _typed(value, str(kinds[key]), f"{where}.{key}".lstrip("."))
+    return cls(**values)
+
+
+def _validate(cfg: StudyConfig) -> None:
+    def bad(message: str) -> ConfigError:
+        return ConfigError(f"{cfg.source or 'config'}: {message}")
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", cfg.study_name):
+        raise bad(f"study_name {cfg.study_name!r} must be 1-100 letters, digits, '.', '_' or "
+                  "'-', starting with a letter or digit")
+    if cfg.target.metric not in _METRICS:
+        raise bad(f"target.metric {cfg.target.metric!r} is not allowed; use one of "
+                  f"{', '.join(_METRICS)}")
+    if not 0.0 < cfg.target.value <= 1.0:
+        raise bad(f"target.value {cfg.target.value} is outside (0, 1]")
+    b = cfg.budget
+    if b.n_trials is not None and b.n_trials < 1:
+        raise bad(f"budget.n_trials must be a positive integer, got {b.n_trials}")
+    if b.timeout_s is not None and b.timeout_s <= 0:
+        raise bad(f"budget.timeout_s must be positive, got {b.timeout_s}")
+    if b.max_trial_s <= 0:
+        raise bad(f"budget.max_trial_s must be positive, got {b.max_trial_s}")
+    if b.n_trials is None and b.timeout_s is None:
+        raise bad("the budget needs n_trials or timeout_s (or both), or the study never ends")
+    if cfg.workers < 1:
+        raise bad(f"workers must be at least 1, got {cfg.workers}")
+    if cfg.ranks_per_trial < 1:
+        raise bad(f"ranks_per_trial must be at least 1, got {cfg.ranks_per_trial}")
+    if cfg.device not in _DEVICES:
+        raise bad(f"device {cfg.device!r} is not allowed; use one of {', '.join(_DEVICES)}")
+    if cfg.trainer.max_micro_batch < 1:
+        raise bad(f"trainer.max_micro_batch must be at least 1, got "
+                  f"{cfg.trainer.max_micro_batch}")
+    if cfg.pruner_margin < 1.0:
+        raise bad(f"pruner_margin must be >= 1.0, got {cfg.pruner_margin}")
+    if not re.match(r"^[a-z][a-z0-9+]*://", cfg.storage):
+        raise bad(f"storage {cfg.storage!r} is not a database URL; use for example "
+                  "sqlite:///autotune.db or postgresql://user@host/db")
+
+
+def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
+    """The study config from ``source`` (a file or a shipped name), with ``overrides``.
+
+    ``overrides`` uses dotted keys for sections (``budget.n_trials``); ``None`` values are
+    ignored, so unset flags never override the file.
+    """
+    data, where, base = _read(source)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, _, sub = key.partition(".")
+        if sub:
+            data[section] = {**(data.get(section) or {}), sub: value}
+        else:
+            data[key] = value
+    cfg = _build(StudyConfig, data, "")
+    cfg = dataclasses.replace(cfg, source=where, base_dir=str(base))
+    _validate(cfg)
+    return cfg
+
+
+def resolve_tracking_uri(uri: str) -> tuple[str, str | None]:
+    """(tracking URI, artifact location) for a tracking URI or a local store directory.
+
+    A plain path is a local store: an SQLite database ``mlflow.db`` and an ``artifacts``
+    folder inside that directory.
+    """
+    if re.match(r"^[a-z][a-z0-9+.-]*:", uri) and not re.match(r"^[A-Za-z]:[\\/]", uri):
+        return uri, None
+    folder = Path(uri).expanduser().resolve()
+    return f"sqlite:///{folder / 'mlflow.db'}", (folder / "artifacts").as_uri()

@@ -1,0 +1,25 @@
+"""autotune's exceptions: one root, so the CLI can turn any of them into a one-line error."""
+
+from __future__ import annotations
+
+__all__ = ["AutotuneError", "ConfigError", "PlanError", "SpaceError", "LaunchError"]
+
+
+class AutotuneError(Exception):
+    """Root of autotune's errors. Its message says what was wrong and what is allowed."""
+
+
+class ConfigError(AutotuneError):
+    """A study file or a command-line flag is invalid."""
+
+
+class SpaceError(AutotuneError):
+    """A search space is invalid or cannot be loaded."""
+
+
+class PlanError(AutotuneError):
+    """Sampled parameters cannot be turned into a training plan on this hardware."""
+
+
+class LaunchError(AutotuneError):
+    """A trainer could not be started."""

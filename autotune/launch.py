@@ -1,0 +1,164 @@
+"""Starting a trainer with the ``deepspeed`` launcher, and the report channel it talks to."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import LaunchError
+
+__all__ = ["deepspeed_command", "free_port", "ReportChannel", "TrainerProcess", "trainer_path"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def trainer_path(program: str) -> Path:
+    """The script of the trainer ``program`` (a module in ``trainers/``)."""
+    import trainers
+
+    path = Path(trainers.__file__).parent / f"{program}.py"
+    if not path.is_file():
+        found = sorted(p.stem for p in path.parent.glob("*.py") if not p.stem.startswith("_"))
+        raise LaunchError(f"no trainer {program!r} in trainers/; found: {', '.join(found)}")
+    return path
+
+
+def _deepspeed_executable() -> str:
+    local = Path(sys.executable).parent / "deepspeed"
+    found = str(local) if local.is_file() else shutil.which("deepspeed")
+    if not found:
+        raise LaunchError("the `deepspeed` launcher is not installed; run `pip install deepspeed`")
+    return found
+
+
+def deepspeed_command(script: Path, plan_path: Path, report_to: str, *, ranks: int,
+                      master_port: int) -> list[str]:
+    """The launcher command that starts ``ranks`` local ranks of ``script``."""
+    return [_deepspeed_executable(), "--num_gpus", str(ranks), "--master_port", str(master_port),
+            str(script), "--plan", str(plan_path), "--report-to", report_to]
+
+
+def trainer_env(device: str, threads_per_rank: int) -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["OMP_NUM_THREADS"] = str(threads_per_rank)
+    env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    return env
+
+
+class TrainerProcess:
+    """The launcher and its ranks, in their own process group so they stop together."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        try:
+            self.proc = subprocess.Popen(command, env=env, stdout=self._log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        except OSError as e:
+            self._log.close()
+            raise LaunchError(f"cannot start {command[0]}: {e}") from e
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to the whole group, then SIGKILL after ``grace_s``."""
+        if not self.running():
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def wait(self, timeout_s: float = 60.0) -> int:
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.wait()
+        self._log.close()
+        return code
+
+    def tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        useful = [line for line in text if line.strip()]
+        return " | ".join(useful[-lines:])
+
+
+class ReportChannel:
+    """The worker's end of the trainer's report channel (see ``trainers.reporter``)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._server = socket.create_server((host, 0))
+        self._server.settimeout(0.5)
+        self.address = f"{host}:{self._server.getsockname()[1]}"
+        self._conn: socket.socket | None = None
+
+    def messages(self, process: TrainerProcess, deadline: float) -> Iterator[dict[str, Any]]:
+        """Yields each message until the trainer closes the channel, exits, or ``deadline``
+        (a ``time.monotonic()`` value) passes. Reply to each with :meth:`reply`."""
+        while self._conn is None:
+            if not process.running() or time.monotonic() > deadline:
+                return
+            try:
+                self._conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self._conn.settimeout(0.5)
+        buffer = b""
+        while time.monotonic() <= deadline:
+            try:
+                chunk = self._conn.recv(65536)
+            except TimeoutError:
+                if not process.running():
+                    return
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                yield json.loads(line)
+
+    def reply(self, message: dict[str, Any]) -> None:
+        if self._conn is None:
+            return
+        try:
+            self._conn.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            return  # the trainer is gone; its exit code tells the rest
+
+    def close(self) -> None:
+        for s in (self._conn, self._server):
+            if s is not None:
+                s.close()

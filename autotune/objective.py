@@ -1,0 +1,252 @@
+"""One trial, start to end: sample, plan, launch, follow its reports, record its outcome.
+
+Outcomes (DESIGN.md):
+* reached: value = TTA seconds, feasible;
+* censored: stopped or ended without reaching the target. Its TTA is only known to exceed its
+  elapsed time: value = elapsed seconds, with the constraint ``reach_target`` = target - best
+  metric > 0, so Optuna ranks it behind every trial that reached the target, and closer misses
+  ahead of wider ones. Never a failure;
+* failed: diverged, crashed, launch or plan error; Optuna state FAIL with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from .config import StudyConfig
+from .errors import AutotuneError, PlanError
+from .launch import (
+    ReportChannel,
+    TrainerProcess,
+    deepspeed_command,
+    free_port,
+    trainer_env,
+    trainer_path,
+)
+from .plan import Hardware, derived_params, resolve
+from .pruners import ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
+from .space import SearchSpace
+from .tracking import Tracker
+
+__all__ = ["TrialResult", "TrialRunner"]
+
+LAUNCH_GRACE_S = 180.0      # setup time allowed before the trainer's first report
+CONSTRAINT = "reach_target"
+
+
+@dataclass
+class TrialResult:
+    number: int
+    params: dict[str, Any]
+    outcome: str                    # reached | censored | failed
+    reason: str                     # reached, bound, planned_epochs, max_seconds, diverged, ...
+    value: float | None = None      # TTA (reached) or elapsed seconds (censored)
+    best_metric: float = 0.0
+    evals: int = 0
+    detail: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class _Heartbeat:
+    """Records Optuna heartbeats for a trial run through ask/tell (optimize() would do it)."""
+
+    def __init__(self, storage: Any, trial_id: int, interval_s: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(storage, trial_id, interval_s),
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self, storage: Any, trial_id: int, interval_s: float) -> None:
+        while not self._stop.is_set():
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception:  # noqa: BLE001 - a missed beat is retried next interval
+                pass
+            self._stop.wait(interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class TrialRunner:
+    """Runs trials of one study; shared by the local workers."""
+
+    def __init__(self, cfg: StudyConfig, space: SearchSpace, train_size: int,
+                 tracker: Tracker | None, run_dir: Path, stop_at: float | None,
+                 storage: optuna.storages.RDBStorage | None = None) -> None:
+        self.storage = storage
+        self.cfg = cfg
+        self.space = space
+        self.train_size = train_size
+        self.tracker = tracker
+        self.run_dir = run_dir
+        self.stop_at = stop_at
+        self.pruner = TimeToAccuracyPruner(cfg.pruner_margin)
+        self.hardware = Hardware(world_size=cfg.ranks_per_trial, device=cfg.device,
+                                 max_micro_batch=cfg.trainer.max_micro_batch)
+
+    def run(self, study: optuna.Study) -> TrialResult:
+        trial = study.ask()
+        storage = self.storage
+        interval = storage.get_heartbeat_interval() if storage is not None else None
+        heartbeat = _Heartbeat(storage, trial._trial_id, interval) if interval else None
+        try:
+            result = self._run(study, trial)
+        except BaseException:
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        finally:
+            if heartbeat:
+                heartbeat.stop()
+        self._tell(study, trial, result)
+        return result
+
+    def _plan(self, trial: optuna.Trial) -> tuple[dict[str, Any], dict[str, Any]]:
+        params = self.space.sample(trial)
+        trial.set_user_attr("params", params)
+        trainer = {**self.cfg.trainer.__dict__}
+        plan = resolve(params, trainer=trainer, train_size=self.train_size,
+                       hardware=self.hardware, target=self.cfg.target.__dict__,
+                       max_seconds=self.cfg.budget.max_trial_s,
+                       seed=self.cfg.seed + trial.number)
+        return params, plan
+
+    def _run(self, study: optuna.Study, trial: optuna.Trial) -> TrialResult:
+        try:
+            params, plan = self._plan(trial)
+        except PlanError as e:
+            return TrialResult(trial.number, dict(trial.params), "failed", "plan_error",
+                               detail=str(e))
+        folder = self.run_dir / f"trial-{trial.number}"
+        folder.mkdir(parents=True, exist_ok=True)
+        plan_path = folder / "plan.json"
+        plan_path.write_text(json.dumps(plan, indent=2))
+        derived = derived_params(plan)
+        for key, value in derived.items():
+            trial.set_user_attr(f"plan.{key}", value)
+        run_id = self.tracker.start_trial(trial.number, params, derived) if self.tracker else None
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        result = self._follow(study, trial, plan, plan_path, folder, run_id)
+        result.params = params
+        if self.tracker:
+            state = "COMPLETE" if result.outcome != "failed" else "FAIL"
+            final = {"reached_target": 1.0 if result.outcome == "reached" else 0.0,
+                     "best_" + self.cfg.target.metric: result.best_metric}
+            if result.outcome == "reached":
+                final["tta_s"] = float(result.value or 0.0)
+            for key in ("setup_s", "train_s", "eval_s", "wall_s", "elapsed_s"):
+                if key in result.summary:
+                    final[key] = result.summary[key]
+            self.tracker.end_trial(run_id, state=state, outcome=result.outcome,
+                                   reason=result.reason, metrics=final,
+                                   tags={"autotune.detail": result.detail[:500]}
+                                   if result.detail else None)
+        return result
+
+    def _follow(self, study: optuna.Study, trial: optuna.Trial, plan: dict[str, Any],
+                plan_path: Path, folder: Path, run_id: str | None) -> TrialResult:
+        channel = ReportChannel()
+        command = deepspeed_command(trainer_path(self.cfg.trainer.program), plan_path,
+                                    channel.address, ranks=self.cfg.ranks_per_trial,
+                                    master_port=free_port())
+        (folder / "command.txt").write_text(" ".join(command) + "\n")
+        try:
+            process = TrainerProcess(command, trainer_env(self.cfg.device, 1),
+                                     folder / "trainer.log")
+        except AutotuneError as e:
+            channel.close()
+            return TrialResult(trial.number, {}, "failed", "launch_error", detail=str(e))
+        metric, target = self.cfg.target.metric, self.cfg.target.value
+        best, evals, curve = 0.0, 0, []
+        end: dict[str, Any] | None = None
+        hard_deadline = time.monotonic() + LAUNCH_GRACE_S + plan["max_seconds"] * 2 + 60
+        try:
+            for msg in channel.messages(process, hard_deadline):
+                kind = msg.get("type")
+                if kind == "start":
+                    trial.set_user_attr("setup_s", msg.get("setup_s"))
+                    channel.reply({"action": "continue", "reason": "",
+                                   "deadline_s": self.pruner.deadline(study)})
+                elif kind == "eval":
+                    evals += 1
+                    value = float(msg[metric])
+                    best = max(best, value) if math.isfinite(value) else best
+                    curve.append([round(msg["elapsed_s"], 3), msg.get("top1"), msg.get("top5")])
+                    trial.report(value, step=int(msg["index"]))
+                    trial.set_user_attr(ELAPSED_KEY, msg["elapsed_s"])
+                    trial.set_user_attr("curve", curve)
+                    if self.tracker:
+                        self.tracker.log_eval(run_id, msg)
+                    channel.reply(self._decide(study, trial, msg))
+                elif kind == "end":
+                    end = msg
+                    channel.reply({"action": "ack"})
+        finally:
+            channel.close()
+            if end is None:
+                process.kill()
+            code = process.wait()
+        return self._result(trial.number, end, code, process, best, evals, target)
+
+    def _decide(self, study: optuna.Study, trial: optuna.Trial,
+                msg: dict[str, Any]) -> dict[str, Any]:
+        deadline = self.pruner.deadline(study)
+        if msg.get("reached"):
+            return {"action": "continue", "reason": "", "deadline_s": deadline}
+        if self.stop_at is not None and time.monotonic() > self.stop_at:
+            return {"action": "stop", "reason": "study_timeout", "deadline_s": deadline}
+        if trial.should_prune():
+            return {"action": "stop", "reason": "bound", "deadline_s": deadline}
+        return {"action": "continue", "reason": "", "deadline_s": deadline}
+
+    def _result(self, number: int, end: dict[str, Any] | None, code: int,
+                process: TrainerProcess, best: float, evals: int,
+                target: float) -> TrialResult:
+        if end is None:
+            why = "hung" if code in (-9, -15) else "crashed"
+            return TrialResult(number, {}, "failed", why, best_metric=best, evals=evals,
+                               detail=f"trainer exited with code {code}: {process.tail()}")
+        reason = str(end["reason"])
+        if reason == "stopped" and self.stop_at is not None and time.monotonic() > self.stop_at:
+            reason = "study_timeout"
+        elif reason == "stopped":
+            reason = "bound"
+        if reason == "reached":
+            return TrialResult(number, {}, "reached", reason, value=float(end["tta_s"]),
+                               best_metric=best, evals=evals, summary=end)
+        if reason == "diverged":
+            return TrialResult(number, {}, "failed", reason, best_metric=best, evals=evals,
+                               detail="loss became NaN or infinite", summary=end)
+        return TrialResult(number, {}, "censored", reason, value=float(end["elapsed_s"]),
+                           best_metric=best, evals=evals, summary=end)
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
+        target = self.cfg.target.value
+        trial.set_user_attr(OUTCOME_KEY, result.outcome)
+        trial.set_user_attr("stop_reason", result.reason)
+        trial.set_user_attr("best_metric", result.best_metric)
+        for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps"):
+            if key in result.summary:
+                trial.set_user_attr(key, result.summary[key])
+        if result.detail:
+            trial.set_user_attr("detail", result.detail[:1000])
+        if result.outcome == "failed":
+            study.tell(trial, state=TrialState.FAIL)
+            return
+        violation = target - result.best_metric
+        trial.set_constraint(CONSTRAINT, violation if result.outcome == "reached"
+                             else max(violation, 1e-9))
+        if result.outcome == "reached":
+            trial.set_user_attr("tta_s", result.value)
+        study.tell(trial, result.value)

@@ -1,0 +1,163 @@
+"""From sampled parameters to a training plan: pure decisions, no side effects.
+
+A plan is a JSON-ready dict that a trainer follows exactly: the global batch decomposed into
+micro-batch x gradient accumulation x world size, the peak LR from the scaling rule, the warmup
+and decay schedule over the planned epochs, the optimizer, label smoothing, the target and the
+time limits, plus the DeepSpeed config generated from all of that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainers.schedule import DECAYS, lr_at
+
+from .errors import PlanError
+
+__all__ = ["PARAMETERS", "SCALING_RULES", "Hardware", "scale_lr", "split_batch", "resolve",
+           "derived_params"]
+
+SCALING_RULES = ("linear", "sqrt", "none")
+OPTIMIZERS = ("sgd",)
+
+# Parameters a search space may set, with the value used when it does not.
+PARAMETERS: dict[str, Any] = {
+    "global_batch": None,          # images per optimizer step, over all ranks (required)
+    "lr_per_256": None,            # peak LR per 256 images, before the scaling rule (required)
+    "epochs": None,                # planned epochs: the schedule ends there (required)
+    "lr_scaling": "linear",        # linear | sqrt | none
+    "warmup_epochs": 0.0,          # linear warmup length, in epochs
+    "warmup_start_factor": 0.0,    # warmup starts at this fraction of the peak LR
+    "decay": "cosine",             # cosine | linear | poly | step | constant
+    "decay_power": 2.0,            # for poly
+    "final_lr_factor": 0.0,        # decay ends at this fraction of the peak LR
+    "label_smoothing": 0.0,
+    "optimizer": "sgd",
+    "momentum": 0.9,
+    "nesterov": False,
+    "weight_decay": 5e-5,
+}
+REQUIRED = tuple(k for k, v in PARAMETERS.items() if v is None)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a trial runs on."""
+
+    world_size: int = 2
+    device: str = "cpu"                 # cpu | cuda
+    max_micro_batch: int = 64           # images per rank per forward pass
+    threads_per_rank: int = 1           # CPU threads of each rank
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def scale_lr(lr_per_256: float, global_batch: int, rule: str) -> float:
+    """Peak LR for ``global_batch`` from the LR per 256 images."""
+    if rule == "linear":
+        return lr_per_256 * global_batch / 256
+    if rule == "sqrt":
+        return lr_per_256 * math.sqrt(global_batch / 256)
+    if rule == "none":
+        return lr_per_256
+    raise PlanError(f"unknown LR scaling rule {rule!r}; allowed: {', '.join(SCALING_RULES)}")
+
+
+def split_batch(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) with micro x accumulation x world = global batch.
+
+    The accumulation is the smallest one that keeps the micro-batch within ``max_micro_batch``.
+    """
+    if global_batch < 1 or world_size < 1 or max_micro_batch < 1:
+        raise PlanError(f"global batch ({global_batch}), world size ({world_size}) and micro-batch"
+                        f" cap ({max_micro_batch}) must all be at least 1")
+    if global_batch % world_size:
+        raise PlanError(f"global batch {global_batch} cannot be split evenly over {world_size} "
+                        f"ranks; use a multiple of {world_size}")
+    per_rank = global_batch // world_size
+    for accum in range(1, per_rank + 1):
+        if per_rank % accum == 0 and per_rank // accum <= max_micro_batch:
+            return per_rank // accum, accum
+    raise PlanError(f"cannot split {per_rank} images per rank")  # unreachable: accum=per_rank
+
+
+def _params(sampled: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(sampled) - set(PARAMETERS))
+    if unknown:
+        raise PlanError(f"unknown plan parameter(s) {', '.join(unknown)}; "
+                        f"allowed: {', '.join(PARAMETERS)}")
+    missing = [k for k in REQUIRED if k not in sampled]
+    if missing:
+        raise PlanError(f"the search space must set {', '.join(missing)}")
+    params = {**PARAMETERS, **sampled}
+    if params["decay"] not in DECAYS:
+        raise PlanError(f"unknown decay {params['decay']!r}; allowed: {', '.join(DECAYS)}")
+    if params["optimizer"] not in OPTIMIZERS:
+        raise PlanError(f"unknown optimizer {params['optimizer']!r}; "
+                        f"allowed: {', '.join(OPTIMIZERS)}")
+    if not 0.0 <= params["label_smoothing"] < 1.0:
+        raise PlanError(f"label_smoothing {params['label_smoothing']} is outside [0, 1)")
+    if int(params["epochs"]) < 1 or params["warmup_epochs"] < 0:
+        raise PlanError(f"epochs ({params['epochs']}) must be >= 1 and warmup_epochs "
+                        f"({params['warmup_epochs']}) >= 0")
+    if params["lr_per_256"] <= 0:
+        raise PlanError(f"lr_per_256 must be positive, got {params['lr_per_256']}")
+    return params
+
+
+def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_size: int,
+            hardware: Hardware, target: Mapping[str, Any], max_seconds: float,
+            seed: int = 0) -> dict[str, Any]:
+    """The full training plan for ``sampled`` parameters on ``hardware``."""
+    p = _params(sampled)
+    batch = int(p["global_batch"])
+    micro, accum = split_batch(batch, hardware.world_size, hardware.max_micro_batch)
+    if batch > train_size:
+        raise PlanError(f"global batch {batch} exceeds the {train_size} training images")
+    steps_per_epoch = train_size // batch
+    epochs = int(p["epochs"])
+    total = epochs * steps_per_epoch
+    warmup = min(round(float(p["warmup_epochs"]) * steps_per_epoch), total)
+    schedule = {"warmup_steps": warmup, "total_steps": total,
+                "warmup_start_factor": float(p["warmup_start_factor"]), "decay": p["decay"],
+                "power": float(p["decay_power"]), "milestones": [0.5, 0.75], "gamma": 0.1,
+                "final_lr_factor": float(p["final_lr_factor"])}
+    peak = scale_lr(float(p["lr_per_256"]), batch, str(p["lr_scaling"]))
+    on_gpu = hardware.device == "cuda"
+    return {
+        "params": dict(sampled),
+        "model": trainer["model"], "num_classes": int(trainer.get("num_classes", 10)),
+        "data": dict(trainer["data"]), "device": hardware.device,
+        "threads_per_rank": hardware.threads_per_rank,
+        "world_size": hardware.world_size, "global_batch": batch, "micro_batch": micro,
+        "grad_accum": accum, "train_size": train_size, "steps_per_epoch": steps_per_epoch,
+        "epochs": epochs, "total_steps": total, "peak_lr": peak, "schedule": schedule,
+        "optimizer": {"name": p["optimizer"], "momentum": float(p["momentum"]),
+                      "nesterov": bool(p["nesterov"]), "weight_decay": float(p["weight_decay"])},
+        "no_wd_on_bn_bias": bool(trainer.get("no_wd_on_bn_bias", True)),
+        "zero_init_residual": bool(trainer.get("zero_init_residual", False)),
+        "label_smoothing": float(p["label_smoothing"]),
+        "target": {"metric": target["metric"], "value": float(target["value"])},
+        "eval_every_steps": int(trainer.get("eval_every_steps", 0)),
+        "eval_batch": int(trainer.get("eval_batch", 256)),
+        "max_seconds": float(max_seconds), "seed": int(seed),
+        "deepspeed": {
+            "train_batch_size": batch, "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": accum, "zero_optimization": {"stage": 0},
+            "bf16": {"enabled": on_gpu}, "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        },
+    }
+
+
+def derived_params(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a plan derives from its parameters, flat, for tracking and display."""
+    sched = plan["schedule"]
+    return {"world_size": plan["world_size"], "micro_batch": plan["micro_batch"],
+            "grad_accum": plan["grad_accum"], "steps_per_epoch": plan["steps_per_epoch"],
+            "total_steps": plan["total_steps"], "warmup_steps": sched["warmup_steps"],
+            "peak_lr": plan["peak_lr"],
+            "first_lr": lr_at(0, plan["peak_lr"], sched) if sched["total_steps"] else 0.0,
+            "model": plan["model"], "max_seconds": plan["max_seconds"]}

@@ -1,0 +1,217 @@
+"""`autotune start study`: open the study, run its trials with local workers, summarize."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from .config import StudyConfig
+from .errors import AutotuneError, ConfigError, PlanError
+from .objective import TrialResult, TrialRunner
+from .plan import Hardware, resolve
+from .pruners import TimeToAccuracyPruner
+from .space import SearchSpace, load_space
+from .tracking import Tracker, ui_command
+
+__all__ = ["run_study", "open_storage", "format_result"]
+
+HEARTBEAT_S = 10
+GRACE_S = 30
+Print = Callable[[str], None]
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage for ``url``, with heartbeats, or a one-line error."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S)
+    except Exception as e:
+        first = " ".join(str(e).split())[:200]
+        raise ConfigError(f"cannot open storage {url!r}: {first}") from e
+
+
+def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:
+    hardware = Hardware(world_size=cfg.ranks_per_trial, device=cfg.device,
+                        max_micro_batch=cfg.trainer.max_micro_batch)
+    for point in space.warm_starts:
+        try:
+            resolve(point, trainer=cfg.trainer.__dict__, train_size=train_size,
+                    hardware=hardware, target=cfg.target.__dict__,
+                    max_seconds=cfg.budget.max_trial_s)
+        except PlanError as e:
+            raise ConfigError(f"warm start {point} of space {space.name!r}: {e}") from e
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_result(r: TrialResult, metric: str) -> str:
+    """The terminal line of a finished trial."""
+    params = " ".join(f"{k}={_short(v)}" for k, v in r.params.items())
+    if r.outcome == "reached":
+        tail = f"reached   TTA {r.value:.2f} s ({metric} {r.best_metric:.3f})"
+    elif r.outcome == "censored":
+        tail = (f"censored  ({r.reason}) after {r.value:.2f} s, best {metric} "
+                f"{r.best_metric:.3f}")
+    else:
+        tail = f"failed    ({r.reason}) {r.detail}"[:200]
+    return f"[trial {r.number:3d}] {params} | {tail}"
+
+
+def _finished(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)]
+
+
+def _counts(trials: list[FrozenTrial]) -> dict[str, int]:
+    counts = {"reached": 0, "censored": 0, "failed": 0}
+    for t in trials:
+        outcome = t.user_attrs.get("outcome", "failed" if t.state == TrialState.FAIL else "")
+        if outcome in counts:
+            counts[outcome] += 1
+    return counts
+
+
+def _prepare(cfg: StudyConfig) -> tuple[SearchSpace, int]:
+    """Everything that can be checked before a store is touched."""
+    from trainers.data import train_size
+
+    space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial)
+    try:
+        size = train_size(cfg.trainer.data)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.source}: trainer.data: {e}") from e
+    _check_warm_starts(space, cfg, size)
+    return space, size
+
+
+def run_study(cfg: StudyConfig, echo: Print = print) -> int:
+    """Runs the study ``cfg`` describes until its budget is spent; returns an exit code."""
+    space, size = _prepare(cfg)
+    storage = open_storage(cfg.storage)
+    tracker = Tracker(cfg.tracking_uri, cfg.study_name)
+    try:
+        tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
+                             "autotune.search_space": space.name,
+                             "autotune.storage": cfg.storage.split(":", 1)[0]},
+                            {"config": cfg.to_dict()})
+    except Exception as e:
+        first = " ".join(str(e).split())[:200]
+        raise AutotuneError(f"cannot write to MLflow at {tracker.uri}: {first}") from e
+    study = optuna.create_study(
+        study_name=cfg.study_name, storage=storage, direction="minimize", load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=5),
+        pruner=TimeToAccuracyPruner(cfg.pruner_margin))
+    optuna.storages.fail_stale_trials(study)
+    existing = study.get_trials(deepcopy=False)
+    if not existing:
+        study.set_user_attr("config", cfg.to_dict())
+        study.set_user_attr("search_space", space.to_dict())
+        if cfg.warm_start:
+            for point in space.warm_starts:
+                study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})
+    done = len(_finished(study))
+    todo = None if cfg.budget.n_trials is None else max(cfg.budget.n_trials - done, 0)
+    if existing:
+        echo(f"resuming study {cfg.study_name!r}: {done} finished trial(s) in {cfg.storage}")
+    if todo == 0:
+        echo(f"study {cfg.study_name!r} already has {done} finished trials; raise --n-trials "
+             "to run more")
+    else:
+        _run_workers(cfg, space, size, tracker, study, storage, todo, echo)
+    return _summarize(cfg, study, tracker, echo)
+
+
+def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Tracker,
+                 study: optuna.Study, storage: optuna.storages.RDBStorage, todo: int | None,
+                 echo: Print) -> None:
+    stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
+    folder = Path(cfg.run_dir) / cfg.study_name
+    runner = TrialRunner(cfg, space, size, tracker, folder, stop_at, storage)
+    lock = threading.Lock()
+    left = [todo]
+
+    def take() -> bool:
+        with lock:
+            if stop_at is not None and time.monotonic() > stop_at:
+                return False
+            if left[0] is None:
+                return True
+            if left[0] <= 0:
+                return False
+            left[0] -= 1
+            return True
+
+    def work() -> None:
+        while take():
+            result = runner.run(study)
+            with lock:
+                echo(format_result(result, cfg.target.metric))
+
+    target = f"{cfg.target.metric} >= {cfg.target.value}"
+    echo(f"study {cfg.study_name!r}: search space {space.name}, target {target}, "
+         f"{cfg.workers} worker(s) x {cfg.ranks_per_trial} rank(s); trial files in {folder}")
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(cfg.workers - 1)]
+    for t in threads:
+        t.start()
+    work()
+    for t in threads:
+        t.join()
+
+
+def _summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Print) -> int:
+    trials = _finished(study)
+    counts = _counts(trials)
+    compute = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in trials
+                  if t.datetime_complete and t.datetime_start)
+    summary: dict[str, Any] = {**{f"trials_{k}": v for k, v in counts.items()},
+                               "trials": len(trials), "compute_s": compute}
+    echo(f"study {cfg.study_name!r}: {len(trials)} trials ({counts['reached']} reached, "
+         f"{counts['censored']} censored, {counts['failed']} failed), {compute:.0f} s of compute")
+    best_params: dict[str, Any] = {}
+    try:
+        best = study.best_trial
+    except ValueError:
+        best = None
+    if best is None or best.user_attrs.get("outcome") != "reached":
+        closest = max(trials, key=lambda t: t.user_attrs.get("best_metric", 0.0), default=None)
+        note = "" if closest is None else (
+            f"; closest: trial {closest.number} with {cfg.target.metric} "
+            f"{closest.user_attrs.get('best_metric', 0.0):.3f}")
+        echo(f"no trial reached {cfg.target.metric} >= {cfg.target.value} yet{note}")
+    else:
+        best_params = dict(best.user_attrs.get("params", {})) or dict(best.params)
+        summary["best_tta_s"] = best.value
+        summary["best_trial"] = best.number
+        echo(f"best: trial {best.number}, time to {cfg.target.metric} >= {cfg.target.value}: "
+             f"{best.value:.2f} s")
+        for key, value in best_params.items():
+            echo(f"  {key} = {_short(value)}")
+    tracker.end_study(summary, best_params)
+    echo("review the study in the MLflow UI:")
+    echo(f"  {ui_command(cfg.tracking_uri)}")
+    return 0
+
+
+def quiet_libraries() -> None:
+    """Keeps Optuna's and MLflow's own progress logs off the terminal."""
+    import mlflow  # noqa: F401 - configures its loggers on import; quiet them afterwards
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("mlflow", "alembic", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")

@@ -1,0 +1,61 @@
+"""Learning-rate schedules as pure functions of the optimizer step.
+
+The worker uses these to preview a plan; the trainer uses them to drive its optimizer. Keeping
+one implementation guarantees that what MLflow shows as the planned schedule is what ran.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["DECAYS", "lr_factor", "lr_at"]
+
+DECAYS = ("cosine", "linear", "poly", "step", "constant")
+
+
+def _decay_factor(progress: float, decay: str, power: float, milestones: Sequence[float],
+                  gamma: float) -> float:
+    """Factor in [0, 1] for ``progress`` in [0, 1] through the decay phase."""
+    progress = min(max(progress, 0.0), 1.0)
+    if decay == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if decay == "linear":
+        return 1.0 - progress
+    if decay == "poly":
+        return (1.0 - progress) ** power
+    if decay == "step":
+        return gamma ** sum(1 for m in milestones if progress >= m)
+    if decay == "constant":
+        return 1.0
+    raise ValueError(f"unknown decay {decay!r}; allowed: {', '.join(DECAYS)}")
+
+
+def lr_factor(step: int, schedule: Mapping[str, Any]) -> float:
+    """Multiplier of the peak LR for optimizer step ``step`` (0-based).
+
+    ``schedule`` holds ``warmup_steps``, ``total_steps``, ``warmup_start_factor``, ``decay``,
+    ``final_lr_factor`` and, for some decays, ``power``, ``milestones`` (fractions of the decay
+    phase) and ``gamma``. Warmup rises linearly from the start factor and reaches 1.0 on the
+    last warmup step; decay then runs from 1.0 down to ``final_lr_factor`` at ``total_steps``.
+    """
+    warmup = int(schedule["warmup_steps"])
+    total = int(schedule["total_steps"])
+    start = float(schedule.get("warmup_start_factor", 0.0))
+    if step < warmup:
+        return start + (1.0 - start) * (step + 1) / warmup
+    decay_steps = max(total - warmup, 1)
+    progress = (step - warmup) / decay_steps
+    final = float(schedule.get("final_lr_factor", 0.0))
+    factor = _decay_factor(progress, str(schedule["decay"]), float(schedule.get("power", 2.0)),
+                           schedule.get("milestones", (0.5, 0.75)),
+                           float(schedule.get("gamma", 0.1)))
+    if schedule["decay"] == "step":
+        return factor
+    return final + (1.0 - final) * factor
+
+
+def lr_at(step: int, peak_lr: float, schedule: Mapping[str, Any]) -> float:
+    """The learning rate of optimizer step ``step``."""
+    return peak_lr * lr_factor(step, schedule)
