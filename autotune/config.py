@@ -109,15 +109,17 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the study file must be a mapping of keys to values")
+    data = {str(k): v for k, v in data.items()}
     return data, str(path), path.resolve().parent
 
 
-def _check_keys(data: dict[str, Any], cls: type, where: str) -> None:
+def _check_keys(data: dict[str, Any], cls: type, where: str, prefix: str) -> None:
     allowed = [f.name for f in dataclasses.fields(cls) if f.name not in ("source", "base_dir")]
-    unknown = sorted(set(data) - set(allowed))
+    unknown = sorted(set(data) - set(allowed), key=str)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; "
-                          f"allowed: {', '.join(allowed)}")
+        names = ", ".join(f"{prefix}{k}" for k in unknown)
+        raise ConfigError(f"{where}: unknown key(s) {names}; allowed in "
+                          f"{prefix.rstrip('.') or 'the study file'}: {', '.join(allowed)}")
 
 
 def _typed(value: Any, kind: Any, where: str) -> Any:
@@ -139,55 +141,70 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
     return float(value) if base == "float" else value
 
 
-def _build(cls: type, data: dict[str, Any], where: str) -> Any:
-    _check_keys(data, cls, where)
+def _build(cls: type, data: dict[str, Any], where: str, prefix: str = "") -> Any:
+    """``cls`` from ``data``; ``where`` names the file, ``prefix`` the section, in errors."""
+    _check_keys(data, cls, where, prefix)
     kinds = {f.name: f.type for f in dataclasses.fields(cls)}
     values = {}
     for key, value in data.items():
         if key in _SECTIONS:
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}.{key} must be a mapping, got {value!r}")
-            values[key] = _build(_SECTIONS[key], value, f"{where}.{key}")
+                raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
+            values[key] = _build(_SECTIONS[key], value, where, f"{key}.")
         else:
-            values[key] = _typed(value, str(kinds[key]), f"{where}.{key}".lstrip("."))
+            values[key] = _typed(value, str(kinds[key]), f"{where}: {prefix}{key}")
     return cls(**values)
 
 
-def _validate(cfg: StudyConfig) -> None:
-    def bad(message: str) -> ConfigError:
-        return ConfigError(f"{cfg.source or 'config'}: {message}")
+# Command-line flags that override study-file keys, for error messages and the CLI.
+FLAGS = {"budget.n_trials": "--n-trials", "budget.timeout_s": "--timeout",
+         "budget.max_trial_s": "--max-trial-seconds", "storage": "--storage",
+         "tracking_uri": "--tracking-uri", "workers": "--workers", "study_name": "--study-name",
+         "ranks_per_trial": "--ranks", "seed": "--seed", "device": "--device",
+         "run_dir": "--run-dir", "warm_start": "--no-warm-start"}
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", cfg.study_name):
-        raise bad(f"study_name {cfg.study_name!r} must be 1-100 letters, digits, '.', '_' or "
-                  "'-', starting with a letter or digit")
-    if cfg.target.metric not in _METRICS:
-        raise bad(f"target.metric {cfg.target.metric!r} is not allowed; use one of "
-                  f"{', '.join(_METRICS)}")
-    if not 0.0 < cfg.target.value <= 1.0:
-        raise bad(f"target.value {cfg.target.value} is outside (0, 1]")
-    b = cfg.budget
-    if b.n_trials is not None and b.n_trials < 1:
-        raise bad(f"budget.n_trials must be a positive integer, got {b.n_trials}")
-    if b.timeout_s is not None and b.timeout_s <= 0:
-        raise bad(f"budget.timeout_s must be positive, got {b.timeout_s}")
-    if b.max_trial_s <= 0:
-        raise bad(f"budget.max_trial_s must be positive, got {b.max_trial_s}")
-    if b.n_trials is None and b.timeout_s is None:
-        raise bad("the budget needs n_trials or timeout_s (or both), or the study never ends")
-    if cfg.workers < 1:
-        raise bad(f"workers must be at least 1, got {cfg.workers}")
-    if cfg.ranks_per_trial < 1:
-        raise bad(f"ranks_per_trial must be at least 1, got {cfg.ranks_per_trial}")
-    if cfg.device not in _DEVICES:
-        raise bad(f"device {cfg.device!r} is not allowed; use one of {', '.join(_DEVICES)}")
-    if cfg.trainer.max_micro_batch < 1:
-        raise bad(f"trainer.max_micro_batch must be at least 1, got "
-                  f"{cfg.trainer.max_micro_batch}")
-    if cfg.pruner_margin < 1.0:
-        raise bad(f"pruner_margin must be >= 1.0, got {cfg.pruner_margin}")
-    if not re.match(r"^[a-z][a-z0-9+]*://", cfg.storage):
-        raise bad(f"storage {cfg.storage!r} is not a database URL; use for example "
-                  "sqlite:///autotune.db or postgresql://user@host/db")
+
+def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
+    """(key, problem) for every invalid value of ``cfg``."""
+    b, found = cfg.budget, []
+
+    def check(ok: bool, key: str, message: str) -> None:
+        if not ok:
+            found.append((key, message))
+
+    check(bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", cfg.study_name)), "study_name",
+          f"{cfg.study_name!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a "
+          "letter or digit")
+    check(cfg.target.metric in _METRICS, "target.metric",
+          f"{cfg.target.metric!r} is not allowed; use one of {', '.join(_METRICS)}")
+    check(0.0 < cfg.target.value <= 1.0, "target.value", f"{cfg.target.value} is outside (0, 1]")
+    check(b.n_trials is None or b.n_trials >= 1, "budget.n_trials",
+          f"must be a positive integer, got {b.n_trials}")
+    check(b.timeout_s is None or b.timeout_s > 0, "budget.timeout_s",
+          f"must be positive, got {b.timeout_s}")
+    check(b.max_trial_s > 0, "budget.max_trial_s", f"must be positive, got {b.max_trial_s}")
+    check(b.n_trials is not None or b.timeout_s is not None, "budget",
+          "needs n_trials or timeout_s (or both), or the study never ends")
+    check(cfg.workers >= 1, "workers", f"must be at least 1, got {cfg.workers}")
+    check(cfg.ranks_per_trial >= 1, "ranks_per_trial",
+          f"must be at least 1, got {cfg.ranks_per_trial}")
+    check(cfg.device in _DEVICES, "device",
+          f"{cfg.device!r} is not allowed; use one of {', '.join(_DEVICES)}")
+    check(cfg.trainer.max_micro_batch >= 1, "trainer.max_micro_batch",
+          f"must be at least 1, got {cfg.trainer.max_micro_batch}")
+    check(cfg.pruner_margin >= 1.0, "pruner_margin", f"must be >= 1.0, got {cfg.pruner_margin}")
+    check(bool(re.match(r"^[a-z][a-z0-9+]*://", cfg.storage)), "storage",
+          f"{cfg.storage!r} is not a database URL; use for example sqlite:///autotune.db or "
+          "postgresql://user@host/db")
+    return found
+
+
+def _validate(cfg: StudyConfig, flagged: set[str]) -> None:
+    problems = _problems(cfg)
+    if problems:
+        key, message = problems[0]
+        where = FLAGS[key] if key in flagged else f"{cfg.source}: {key}"
+        raise ConfigError(f"{where} {message}")
 
 
 def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
@@ -197,17 +214,19 @@ def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
     ignored, so unset flags never override the file.
     """
     data, where, base = _read(source)
+    flagged = set()
     for key, value in (overrides or {}).items():
         if value is None:
             continue
+        flagged.add(key)
         section, _, sub = key.partition(".")
         if sub:
             data[section] = {**(data.get(section) or {}), sub: value}
         else:
             data[key] = value
-    cfg = _build(StudyConfig, data, "")
+    cfg = _build(StudyConfig, data, where)
     cfg = dataclasses.replace(cfg, source=where, base_dir=str(base))
-    _validate(cfg)
+    _validate(cfg, flagged)
     return cfg
 
 

@@ -145,9 +145,11 @@ class TrialRunner:
                      "best_" + self.cfg.target.metric: result.best_metric}
             if result.outcome == "reached":
                 final["tta_s"] = float(result.value or 0.0)
-            for key in ("setup_s", "train_s", "eval_s", "wall_s", "elapsed_s"):
+            for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s"):
                 if key in result.summary:
                     final[key] = result.summary[key]
+            if "elapsed_s" in result.summary:  # the per-evaluation series keeps its own name
+                final["total_elapsed_s"] = result.summary["elapsed_s"]
             self.tracker.end_trial(run_id, state=state, outcome=result.outcome,
                                    reason=result.reason, metrics=final,
                                    tags={"autotune.detail": result.detail[:500]}

@@ -1,0 +1,121 @@
+"""Study files and flags: precedence, and a one-line error for each bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune import config
+from autotune.cli import main
+from autotune.errors import ConfigError
+
+from .conftest import run_cli
+
+QUICKSTART_SPACE = "search_space: quickstart\n"
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_flags_override_the_file_which_overrides_defaults(tmp_path):
+    study = write(tmp_path / "s.yaml", "study_name: mine\nbudget: {n_trials: 5, max_trial_s: 9}\n")
+    cfg = config.load(study, {"budget.n_trials": 2, "workers": None})
+    assert cfg.study_name == "mine"                      # file
+    assert cfg.budget.n_trials == 2                      # flag beats file
+    assert cfg.budget.max_trial_s == 9.0                 # file, other key of the same section
+    assert cfg.workers == 1                              # default, flag unset
+    assert cfg.storage == "sqlite:///autotune.db"
+
+
+def test_toml_and_yaml_give_the_same_config(tmp_path):
+    y = config.load(write(tmp_path / "a.yaml", "target: {metric: top5, value: 0.93}\n"))
+    t = config.load(write(tmp_path / "a.toml", "[target]\nmetric = 'top5'\nvalue = 0.93\n"))
+    assert y.target == t.target == config.Target("top5", 0.93)
+
+
+def test_the_shipped_quickstart_loads():
+    cfg = config.load("quickstart")
+    assert cfg.search_space == "quickstart"
+    assert cfg.trainer.model == "resnet18"
+    assert cfg.target.value == 0.97 and cfg.budget.n_trials >= 12
+    assert "quickstart" in config.shipped_studies()
+
+
+def test_a_local_store_directory_becomes_sqlite_plus_artifacts(tmp_path):
+    uri, artifacts = config.resolve_tracking_uri(str(tmp_path / "mlruns"))
+    assert uri == f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    assert artifacts == (tmp_path / "mlruns" / "artifacts").as_uri()
+    assert config.resolve_tracking_uri("http://127.0.0.1:5000") == ("http://127.0.0.1:5000",
+                                                                      None)
+
+
+BAD = {
+    "missing file": ([], "nope.yaml", "study file 'nope.yaml' not found"),
+    "yaml syntax": (["s.yaml", "study_name: x\n  bad: [\n"], "s.yaml", "not valid YAML"),
+    "toml syntax": (["s.toml", "x = [\n"], "s.toml", "not valid TOML"),
+    "unknown key": (["s.yaml", "study_name: x\nfoo: 1\n"], "s.yaml", "unknown key(s) foo"),
+    "unknown nested key": (["s.yaml", "budget: {n_trials: 2, trials: 3}\n"], "s.yaml",
+                           "unknown key(s) budget.trials"),
+    "space raises": (["s.yaml", "search_space: space.py\n"], "s.yaml",
+                     "raised RuntimeError: boom"),
+    "space missing": (["s.yaml", "search_space: nowhere.py\n"], "s.yaml",
+                      "search space 'nowhere.py' not found"),
+    "target above 1": (["s.yaml", "target: {value: 1.5}\n"], "s.yaml",
+                       "target.value 1.5 is outside (0, 1]"),
+    "target zero": (["s.yaml", "target: {value: 0}\n"], "s.yaml",
+                    "target.value 0.0 is outside (0, 1]"),
+    "target not a number": (["s.yaml", "target: {value: high}\n"], "s.yaml",
+                            "target.value must be a number"),
+    "zero trials": (["s.yaml", "budget: {n_trials: 0}\n"], "s.yaml",
+                    "budget.n_trials must be a positive integer"),
+    "negative timeout": (["s.yaml", "budget: {timeout_s: -1}\n"], "s.yaml",
+                         "budget.timeout_s must be positive"),
+    "zero trial seconds": (["s.yaml", "budget: {max_trial_s: 0}\n"], "s.yaml",
+                           "budget.max_trial_s must be positive"),
+    "not a mapping": (["s.yaml", "- 1\n"], "s.yaml", "must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(case, workdir, capsys):
+    files, arg, expected = BAD[case]
+    if files:
+        write(workdir / files[0], files[1])
+    write(workdir / "space.py", "raise RuntimeError('boom')\n")
+    code = main(["start", "study", arg])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err
+    assert err.startswith("autotune: error: ") and err.count("\n") == 1
+    assert "Traceback" not in err
+    assert sorted(p.name for p in workdir.iterdir()) == sorted({"space.py", *files[:1]})
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--n-trials", "0"], "--n-trials must be a positive integer, got 0"),
+    (["--timeout", "-5"], "--timeout must be positive, got -5.0"),
+    (["--max-trial-seconds", "0"], "--max-trial-seconds must be positive"),
+    (["--workers", "0"], "--workers must be at least 1"),
+    (["--study-name", "a b"], "--study-name 'a b' must be"),
+    (["--storage", "study.db"], "--storage 'study.db' is not a database URL"),
+])
+def test_bad_flags_name_the_flag(flags, expected, workdir, capsys):
+    assert main(["start", "study", "quickstart", *flags]) == 2
+    assert expected in capsys.readouterr().err
+    assert list(workdir.iterdir()) == []
+
+
+def test_the_real_command_prints_no_traceback(tmp_path):
+    write(tmp_path / "s.yaml", "target: {value: 2}\n")
+    result = run_cli("start", "study", "s.yaml", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "autotune: error: s.yaml: target.value 2.0 is outside (0, 1]"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+
+
+def test_config_errors_are_autotune_errors(tmp_path):
+    with pytest.raises(ConfigError):
+        config.load(write(tmp_path / "s.yaml", "workers: many\n"))

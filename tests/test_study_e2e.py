@@ -1,0 +1,66 @@
+"""`autotune start study quickstart` end to end: real DeepSpeed trials, SQLite, MLflow store."""
+
+from __future__ import annotations
+
+import optuna
+from mlflow import MlflowClient
+
+from autotune.config import resolve_tracking_uri
+
+from .conftest import run_cli
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    mlruns = tmp_path / "mlruns"
+    args = ["start", "study", "quickstart", "--storage", storage, "--tracking-uri", str(mlruns),
+            "--max-trial-seconds", "15"]
+    first = run_cli(*args, "--n-trials", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = first.stdout
+    assert out.count("[trial ") == 2
+    assert "best: trial 0" in out                       # the warm start reaches 97% top-1
+    assert f"mlflow ui --backend-store-uri sqlite:///{mlruns / 'mlflow.db'}" in out
+
+    study = optuna.load_study(study_name="quickstart", storage=storage)
+    trials = study.trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    for t in trials:
+        assert t.user_attrs["outcome"] in ("reached", "censored")
+        if t.user_attrs["outcome"] == "reached":
+            assert t.value == t.user_attrs["tta_s"] > 0 and t.constraints["reach_target"] <= 0
+        else:
+            assert t.user_attrs["stop_reason"] and t.constraints["reach_target"] > 0
+        assert len(t.intermediate_values) >= 2 and len(t.user_attrs["curve"]) >= 2
+
+    client = MlflowClient(resolve_tracking_uri(str(mlruns))[0])
+    experiment = client.get_experiment_by_name("quickstart")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("autotune.kind") == "study"]
+    children = [r for r in runs if r.data.tags.get("autotune.kind") == "trial"]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.data.metrics["best_tta_s"] == trials[0].value
+    for run in children:
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        number = int(run.data.tags["optuna.trial_number"])
+        assert run.data.tags["optuna.state"] == "COMPLETE"
+        assert run.data.tags["autotune.outcome"] == trials[number].user_attrs["outcome"]
+        for name in ("global_batch", "lr_per_256", "micro_batch", "grad_accum", "peak_lr"):
+            assert name in run.data.params
+        history = client.get_metric_history(run.info.run_id, "top1")
+        assert len(history) >= 2 and [m.step for m in history] == list(range(len(history)))
+        assert len(client.get_metric_history(run.info.run_id, "elapsed_s")) == len(history)
+        reached = run.data.metrics["reached_target"]
+        assert reached == (1.0 if "tta_s" in run.data.metrics else 0.0)
+
+    again = run_cli(*args, "--n-trials", "3", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming study 'quickstart': 2 finished trial(s)" in again.stdout
+    assert again.stdout.count("[trial ") == 1
+    assert len(optuna.load_study(study_name="quickstart", storage=storage).trials) == 3
+    runs = client.search_runs([experiment.experiment_id])
+    assert sum(r.data.tags.get("autotune.kind") == "study" for r in runs) == 1
+    assert sum(r.data.tags.get("autotune.kind") == "trial" for r in runs) == 3

@@ -1,0 +1,99 @@
+"""The trainer under the real ``deepspeed`` launcher: 2 CPU ranks over gloo, real digits."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.launch import (
+    ReportChannel,
+    TrainerProcess,
+    deepspeed_command,
+    free_port,
+    trainer_env,
+    trainer_path,
+)
+from autotune.plan import Hardware, resolve
+from trainers.schedule import lr_at
+
+EVAL_FIELDS = {"index", "elapsed_s", "epoch", "step", "samples", "top1", "top5", "loss", "lr",
+               "images_per_s"}
+
+
+def make_plan(**params: Any) -> dict[str, Any]:
+    sampled = {"global_batch": 128, "lr_per_256": 0.04, "epochs": 3, "decay": "linear",
+               "warmup_epochs": 1.0, **params}
+    return resolve(sampled, trainer={"model": "resnet18", "data": {"kind": "digits"}},
+                   train_size=1437, hardware=Hardware(world_size=2),
+                   target={"metric": "top1", "value": 0.999}, max_seconds=120)
+
+
+def drive(plan: dict[str, Any], tmp_path: Path,
+          answer: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs ``plan`` on 2 ranks and answers each report with ``answer``; returns all messages."""
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    channel = ReportChannel()
+    command = deepspeed_command(trainer_path("image_classifier"), tmp_path / "plan.json",
+                                channel.address, ranks=2, master_port=free_port())
+    process = TrainerProcess(command, trainer_env("cpu", 1), tmp_path / "trainer.log")
+    seen = []
+    for msg in channel.messages(process, time.monotonic() + 300):
+        seen.append(msg)
+        channel.reply({"action": "ack"} if msg["type"] == "end" else answer(msg))
+    channel.close()
+    assert process.wait() == 0, process.tail(20)
+    return seen
+
+
+def go(msg: dict[str, Any]) -> dict[str, Any]:
+    return {"action": "continue", "reason": "", "deadline_s": None}
+
+
+def test_reports_every_epoch_and_follows_the_planned_schedule(tmp_path):
+    plan = make_plan()
+    messages = drive(plan, tmp_path, go)
+    kinds = [m["type"] for m in messages]
+    assert kinds == ["start", "eval", "eval", "eval", "end"]
+    evals = messages[1:-1]
+    for m in evals:
+        assert EVAL_FIELDS <= set(m)
+        assert 0.0 <= m["top1"] <= m["top5"] <= 1.0
+        # The LR the optimizer used is exactly the planned one for that step.
+        assert m["lr"] == pytest.approx(lr_at(m["step"], plan["peak_lr"], plan["schedule"]))
+    assert [m["step"] for m in evals] == [11, 22, 33]
+    assert [m["samples"] for m in evals] == [128 * 11, 128 * 22, 128 * 33]
+    elapsed = [m["elapsed_s"] for m in evals]
+    assert elapsed == sorted(elapsed) and elapsed[0] > 0
+    end = messages[-1]
+    assert end["reason"] == "planned_epochs" and end["tta_s"] is None
+    assert end["steps"] == plan["total_steps"] == 33
+    assert end["setup_s"] > 0 and end["train_s"] + end["eval_s"] <= end["elapsed_s"] + 0.05
+    assert evals[-1]["top1"] > 0.5, "three epochs of ResNet-18 on digits should learn something"
+
+
+def test_a_stop_reply_ends_the_trial_after_that_evaluation(tmp_path):
+    messages = drive(make_plan(epochs=6), tmp_path,
+                     lambda m: {"action": "stop" if m["type"] == "eval" else "continue",
+                                "reason": "bound", "deadline_s": None})
+    assert [m["type"] for m in messages] == ["start", "eval", "end"]
+    assert messages[-1]["reason"] == "stopped" and messages[-1]["steps"] == 11
+
+
+def test_a_deadline_stops_the_trial_between_evaluations(tmp_path):
+    messages = drive(make_plan(epochs=6), tmp_path,
+                     lambda m: {"action": "continue", "reason": "", "deadline_s": 0.5})
+    end = messages[-1]
+    assert end["reason"] == "bound"
+    assert 0 < end["steps"] < 11 and end["evals"] == 0
+
+
+def test_a_diverging_lr_is_reported_as_diverged(tmp_path):
+    messages = drive(make_plan(lr_per_256=1e9, warmup_epochs=0.0), tmp_path, go)
+    end = messages[-1]
+    assert end["reason"] == "diverged"
+    assert end["evals"] == 0 and end["steps"] < 11      # long before the first evaluation
