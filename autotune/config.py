@@ -46,7 +46,9 @@ class TrainerConfig:
     num_classes: int = 10
     data: dict[str, Any] = field(default_factory=lambda: {"kind": "digits", "image_size": 32})
     max_micro_batch: int = 64               # images per rank per forward pass
-    eval_every_steps: int = 0               # 0: evaluate at the end of every epoch
+    eval_every_steps: int = 0               # evaluate every k optimizer steps; 0: off
+    eval_every_s: float = 0.0               # evaluate every s training seconds; 0: off
+                                            # (both off: at the end of every epoch)
     eval_batch: int = 256
     no_wd_on_bn_bias: bool = True
     zero_init_residual: bool = False

@@ -141,6 +141,7 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
         "label_smoothing": float(p["label_smoothing"]),
         "target": {"metric": target["metric"], "value": float(target["value"])},
         "eval_every_steps": int(trainer.get("eval_every_steps", 0)),
+        "eval_every_s": float(trainer.get("eval_every_s", 0.0)),
         "eval_batch": int(trainer.get("eval_batch", 256)),
         "max_seconds": float(max_seconds), "seed": int(seed),
         "deepspeed": {

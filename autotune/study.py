@@ -64,8 +64,8 @@ def format_result(r: TrialResult, metric: str) -> str:
     if r.outcome == "reached":
         tail = f"reached   TTA {r.value:.2f} s ({metric} {r.best_metric:.3f})"
     elif r.outcome == "censored":
-        tail = (f"censored  ({r.reason}) after {r.value:.2f} s, best {metric} "
-                f"{r.best_metric:.3f}")
+        best = f"best {metric} {r.best_metric:.3f}" if r.evals else "no evaluation yet"
+        tail = f"censored  ({r.reason}) after {r.value:.2f} s, {best}"
     else:
         tail = f"failed    ({r.reason}) {r.detail}"[:200]
     return f"[trial {r.number:3d}] {params} | {tail}"
@@ -98,7 +98,11 @@ def _prepare(cfg: StudyConfig) -> tuple[SearchSpace, int]:
     return space, size
 
 
-def run_study(cfg: StudyConfig, echo: Print = print) -> int:
+def _print(line: str) -> None:
+    print(line, flush=True)  # a line per trial, live, even into a pipe or a file
+
+
+def run_study(cfg: StudyConfig, echo: Print = _print) -> int:
     """Runs the study ``cfg`` describes until its budget is spent; returns an exit code."""
     space, size = _prepare(cfg)
     storage = open_storage(cfg.storage)

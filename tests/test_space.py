@@ -79,3 +79,15 @@ def test_a_file_without_space_says_what_to_define(tmp_path):
     (tmp_path / "empty.py").write_text("x = 1\n")
     with pytest.raises(SpaceError, match="must define `space`"):
         load_space(str(tmp_path / "empty.py"))
+
+
+def test_the_readme_example_is_a_valid_space(tmp_path):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Writing a search space", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "readme_space.py").write_text(code)
+    loaded = load_space(str(tmp_path / "readme_space.py"), world_size=2)
+    assert [p.name for p in loaded.params][:2] == ["global_batch", "lr_per_256"]
+    assert loaded.warm_starts and loaded.encode(loaded.warm_starts[0])["global_batch_log2"] == 7

@@ -25,10 +25,11 @@ EVAL_FIELDS = {"index", "elapsed_s", "epoch", "step", "samples", "top1", "top5",
                "images_per_s"}
 
 
-def make_plan(**params: Any) -> dict[str, Any]:
+def make_plan(trainer: dict[str, Any] | None = None, **params: Any) -> dict[str, Any]:
     sampled = {"global_batch": 128, "lr_per_256": 0.04, "epochs": 3, "decay": "linear",
                "warmup_epochs": 1.0, **params}
-    return resolve(sampled, trainer={"model": "resnet18", "data": {"kind": "digits"}},
+    trainer = {"model": "resnet18", "data": {"kind": "digits"}, **(trainer or {})}
+    return resolve(sampled, trainer=trainer,
                    train_size=1437, hardware=Hardware(world_size=2),
                    target={"metric": "top1", "value": 0.999}, max_seconds=120)
 
@@ -97,3 +98,13 @@ def test_a_diverging_lr_is_reported_as_diverged(tmp_path):
     end = messages[-1]
     assert end["reason"] == "diverged"
     assert end["evals"] == 0 and end["steps"] < 11      # long before the first evaluation
+
+
+def test_evaluations_every_k_seconds_come_between_epoch_ends(tmp_path):
+    messages = drive(make_plan({"eval_every_s": 0.5}, epochs=2), tmp_path, go)
+    evals = [m for m in messages if m["type"] == "eval"]
+    assert len(evals) >= 4                  # two epochs of about 2 s each, plus the last step
+    assert any(m["step"] % 11 for m in evals)
+    assert evals[-1]["step"] == 22          # the final step is always evaluated
+    gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(evals, evals[1:], strict=False)]
+    assert min(gaps) > 0

@@ -96,10 +96,11 @@ def evaluate(engine: Any, val: datamod.Split, rank: int, world: int, batch: int,
     return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n}
 
 
-def _agree(code: int) -> int:
-    flag = torch.tensor([code], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return int(flag.item())
+def _agree(*codes: int) -> list[int]:
+    """The element-wise maximum of ``codes`` over all ranks: any rank can raise a flag."""
+    flags = torch.tensor(codes, dtype=torch.int32)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [int(v) for v in flags.tolist()]
 
 
 def _broadcast(values: list[float]) -> list[float]:
@@ -133,7 +134,11 @@ def train(plan: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])
     micro, accum = plan["micro_batch"], plan["grad_accum"]
     per_rank_epoch = plan["steps_per_epoch"] * micro * accum
-    eval_every = int(plan.get("eval_every_steps") or plan["steps_per_epoch"])
+    every_steps = int(plan.get("eval_every_steps") or 0)
+    every_s = float(plan.get("eval_every_s") or 0.0)
+    if not every_steps and not every_s:
+        every_steps = plan["steps_per_epoch"]
+    last_eval_at = 0.0
     target_metric, target = plan["target"]["metric"], plan["target"]["value"]
 
     deadline = None
@@ -161,18 +166,21 @@ def train(plan: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
                 idx = order[(s * accum + a) * micro:(s * accum + a + 1) * micro]
                 x, y = train_set.images[idx].to(device), train_set.labels[idx].to(device)
                 loss = criterion(engine(x), y)
-                if _agree(_GO if math.isfinite(loss.item()) else _DIVERGED) != _GO:
+                if _agree(_GO if math.isfinite(loss.item()) else _DIVERGED)[0] != _GO:
                     code = _DIVERGED  # every rank leaves before backward: no collective hangs
                     break
                 engine.backward(loss)
                 engine.step()
             step += 1
+            due = 0
             if rank == 0 and code == _GO:
-                if 0 < plan["max_seconds"] < clock.elapsed():
+                now = clock.elapsed()
+                if 0 < plan["max_seconds"] < now:
                     code = _MAX_SECONDS
-                elif deadline_v > 0 and clock.elapsed() > deadline_v:
+                elif deadline_v > 0 and now > deadline_v:
                     code = _DEADLINE
-            code = _agree(code)
+                due = int(every_s > 0 and now - last_eval_at >= every_s)
+            code, due = _agree(code, due)
             dt = time.perf_counter() - t
             train_s += dt
             since_eval_train_s += dt
@@ -180,7 +188,7 @@ def train(plan: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
             if code != _GO:
                 stop = code
                 break
-            if step % eval_every == 0 or step == plan["total_steps"]:
+            if due or (every_steps and step % every_steps == 0) or step == plan["total_steps"]:
                 t = time.perf_counter()
                 metrics = evaluate(engine, val_set, rank, world, plan["eval_batch"], device)
                 eval_s += time.perf_counter() - t
@@ -189,7 +197,7 @@ def train(plan: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
                     best[k] = max(best[k], metrics[k])
                 decision = [0.0, deadline_v]
                 if rank == 0:
-                    elapsed = clock.elapsed()
+                    elapsed = last_eval_at = clock.elapsed()
                     report = {"type": "eval", "index": evals - 1, "elapsed_s": elapsed,
                               "epoch": step / plan["steps_per_epoch"], "step": step,
                               "samples": step * plan["global_batch"],
