@@ -7,9 +7,20 @@ Importing it stays light (no Optuna, MLflow or torch), so trainers and spaces lo
 from __future__ import annotations
 
 from .errors import AutotuneError, ConfigError, LaunchError, PlanError, SpaceError
-from .space import Categorical, Fixed, Float, Int, Param, PowerOfTwo, SearchSpace
+from .space import (
+    Categorical,
+    Constraint,
+    Derived,
+    Fixed,
+    Float,
+    InfeasiblePoint,
+    Int,
+    Param,
+    PowerOfTwo,
+    SearchSpace,
+)
 
 __all__ = ["AutotuneError", "ConfigError", "LaunchError", "PlanError", "SpaceError",
-           "Categorical", "Fixed", "Float", "Int", "Param", "PowerOfTwo", "SearchSpace",
-           "__version__"]
+           "Categorical", "Constraint", "Derived", "Fixed", "Float", "InfeasiblePoint", "Int",
+           "Param", "PowerOfTwo", "SearchSpace", "__version__"]
 __version__ = "0.1.0"

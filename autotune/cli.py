@@ -39,6 +39,26 @@ def _space_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _space_check(args: argparse.Namespace) -> int:
+    from .errors import SpaceError
+    from .space import check_space, load_space
+
+    try:
+        space = load_space(args.space, world_size=args.world_size)
+        problems = [f"{space.source_file}: {p}" for p in check_space(space)]
+    except SpaceError as e:
+        problems = e.problems
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"autotune: error: {len(problems)} problem(s) in search space {args.space!r}",
+              file=sys.stderr)
+        return 2
+    print(space.table())
+    print(f"ok: {args.space} is a valid search space for {args.world_size} rank(s)")
+    return 0
+
+
 def _add_start_study(sub: Any) -> None:
     p = sub.add_parser("start study", help="run a time-to-accuracy study",
                        description="Run a study: trials are proposed, trained with DeepSpeed and "
@@ -69,6 +89,13 @@ def _add_space_show(sub: Any) -> None:
     p.set_defaults(func=_space_show)
 
 
+def _add_space_check(sub: Any) -> None:
+    p = sub.add_parser("space check", help="validate a search-space file, listing every problem")
+    p.add_argument("space", help="a Python file defining `space` (or a shipped space name)")
+    p.add_argument("--world-size", type=int, default=2, help="ranks the space is built for")
+    p.set_defaults(func=_space_check)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autotune", description="Find the training configuration that reaches a target "
@@ -77,12 +104,16 @@ def _parser() -> argparse.ArgumentParser:
     sub.required = True
     _add_start_study(sub)
     _add_space_show(sub)
+    _add_space_check(sub)
     return parser
+
+
+_TWO_WORD = ("start study", "space show", "space check")
 
 
 def _join_two_word_commands(argv: list[str]) -> list[str]:
     """``start study`` and ``space show`` are single commands to argparse."""
-    if len(argv) >= 2 and f"{argv[0]} {argv[1]}" in ("start study", "space show"):
+    if len(argv) >= 2 and f"{argv[0]} {argv[1]}" in _TWO_WORD:
         return [f"{argv[0]} {argv[1]}", *argv[2:]]
     return argv
 

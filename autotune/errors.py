@@ -14,7 +14,18 @@ class ConfigError(AutotuneError):
 
 
 class SpaceError(AutotuneError):
-    """A search space is invalid or cannot be loaded."""
+    """A search space is invalid or cannot be loaded. ``problems`` lists every problem found;
+    the message is the first, with a count of the others."""
+
+    def __init__(self, message: str, *, problems: list[str] | None = None,
+                 constraint: str = "") -> None:
+        self.problems = list(problems) if problems else [message]
+        self.constraint = constraint
+        more = len(self.problems) - 1
+        if more:
+            message = (f"{message} (and {more} more problem(s); `autotune space check` lists "
+                       "them all)")
+        super().__init__(message)
 
 
 class PlanError(AutotuneError):

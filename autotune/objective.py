@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from .config import StudyConfig
-from .errors import AutotuneError, PlanError
+from .errors import AutotuneError, PlanError, SpaceError
 from .launch import (
     ReportChannel,
     TrainerProcess,
@@ -34,13 +34,14 @@ from .launch import (
 )
 from .plan import Hardware, derived_params, resolve
 from .pruners import ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
-from .space import SearchSpace
+from .space import InfeasiblePoint, SearchSpace
 from .tracking import Tracker
 
 __all__ = ["TrialResult", "TrialRunner"]
 
 LAUNCH_GRACE_S = 180.0      # setup time allowed before the trainer's first report
 CONSTRAINT = "reach_target"
+MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
 
 
 @dataclass
@@ -95,13 +96,30 @@ class TrialRunner:
         self.hardware = Hardware(world_size=cfg.ranks_per_trial, device=cfg.device,
                                  max_micro_batch=cfg.trainer.max_micro_batch)
 
+    def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any]]:
+        """A new trial and its parameters; points that violate a constraint are dropped
+        (recorded as failed with outcome ``infeasible``, never trained nor counted)."""
+        for _ in range(MAX_INFEASIBLE):
+            trial = study.ask()
+            try:
+                params = self.space.sample(trial)
+            except InfeasiblePoint as e:
+                trial.set_user_attr(OUTCOME_KEY, "infeasible")
+                trial.set_user_attr("detail", str(e))
+                study.tell(trial, state=TrialState.FAIL)
+                continue
+            trial.set_user_attr("params", params)
+            return trial, params
+        raise SpaceError(f"{MAX_INFEASIBLE} sampled points in a row violate the search space's "
+                         "constraints; loosen them or narrow the ranges they depend on")
+
     def run(self, study: optuna.Study) -> TrialResult:
-        trial = study.ask()
+        trial, params = self._ask(study)
         storage = self.storage
         interval = storage.get_heartbeat_interval() if storage is not None else None
         heartbeat = _Heartbeat(storage, trial._trial_id, interval) if interval else None
         try:
-            result = self._run(study, trial)
+            result = self._run(study, trial, params)
         except BaseException:
             study.tell(trial, state=TrialState.FAIL)
             raise
@@ -111,22 +129,20 @@ class TrialRunner:
         self._tell(study, trial, result)
         return result
 
-    def _plan(self, trial: optuna.Trial) -> tuple[dict[str, Any], dict[str, Any]]:
-        params = self.space.sample(trial)
-        trial.set_user_attr("params", params)
+    def _plan(self, trial: optuna.Trial, params: dict[str, Any]) -> dict[str, Any]:
         trainer = {**self.cfg.trainer.__dict__}
         plan = resolve(params, trainer=trainer, train_size=self.train_size,
                        hardware=self.hardware, target=self.cfg.target.__dict__,
                        max_seconds=self.cfg.budget.max_trial_s,
                        seed=self.cfg.seed + trial.number)
-        return params, plan
+        return plan
 
-    def _run(self, study: optuna.Study, trial: optuna.Trial) -> TrialResult:
+    def _run(self, study: optuna.Study, trial: optuna.Trial,
+             params: dict[str, Any]) -> TrialResult:
         try:
-            params, plan = self._plan(trial)
+            plan = self._plan(trial, params)
         except PlanError as e:
-            return TrialResult(trial.number, dict(trial.params), "failed", "plan_error",
-                               detail=str(e))
+            return TrialResult(trial.number, params, "failed", "plan_error", detail=str(e))
         folder = self.run_dir / f"trial-{trial.number}"
         folder.mkdir(parents=True, exist_ok=True)
         plan_path = folder / "plan.json"

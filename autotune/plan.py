@@ -9,7 +9,7 @@ time limits, plus the DeepSpeed config generated from all of that.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +18,10 @@ from trainers.schedule import DECAYS, lr_at
 from .errors import PlanError
 
 __all__ = ["PARAMETERS", "SCALING_RULES", "Hardware", "scale_lr", "split_batch", "resolve",
-           "derived_params"]
+           "derived_params", "name_problems"]
 
 SCALING_RULES = ("linear", "sqrt", "none")
-OPTIMIZERS = ("sgd",)
+OPTIMIZERS = ("sgd", "lars", "lamb")
 
 # Parameters a search space may set, with the value used when it does not.
 PARAMETERS: dict[str, Any] = {
@@ -39,6 +39,7 @@ PARAMETERS: dict[str, Any] = {
     "momentum": 0.9,
     "nesterov": False,
     "weight_decay": 5e-5,
+    "lars_trust_coefficient": 0.001,  # LARS: layer LR = lr x coefficient x |w| / |update|
 }
 REQUIRED = tuple(k for k, v in PARAMETERS.items() if v is None)
 
@@ -81,6 +82,17 @@ def split_batch(global_batch: int, world_size: int, max_micro_batch: int) -> tup
         if per_rank % accum == 0 and per_rank // accum <= max_micro_batch:
             return per_rank // accum, accum
     raise PlanError(f"cannot split {per_rank} images per rank")  # unreachable: accum=per_rank
+
+
+def name_problems(names: Iterable[str]) -> list[str]:
+    """What is wrong with a search space that sets exactly ``names``, as plan parameters."""
+    names = set(names)
+    found = [f"{n!r} is not a plan parameter; allowed: {', '.join(PARAMETERS)}"
+             for n in sorted(names - set(PARAMETERS))]
+    missing = [k for k in REQUIRED if k not in names]
+    if missing:
+        found.append(f"the space must set {', '.join(missing)}")
+    return found
 
 
 def _params(sampled: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,7 +147,8 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
         "grad_accum": accum, "train_size": train_size, "steps_per_epoch": steps_per_epoch,
         "epochs": epochs, "total_steps": total, "peak_lr": peak, "schedule": schedule,
         "optimizer": {"name": p["optimizer"], "momentum": float(p["momentum"]),
-                      "nesterov": bool(p["nesterov"]), "weight_decay": float(p["weight_decay"])},
+                      "nesterov": bool(p["nesterov"]), "weight_decay": float(p["weight_decay"]),
+                      "trust_coefficient": float(p["lars_trust_coefficient"])},
         "no_wd_on_bn_bias": bool(trainer.get("no_wd_on_bn_bias", True)),
         "zero_init_residual": bool(trainer.get("zero_init_residual", False)),
         "label_smoothing": float(p["label_smoothing"]),

@@ -14,11 +14,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .config import StudyConfig
-from .errors import AutotuneError, ConfigError, PlanError
+from .errors import AutotuneError, ConfigError, PlanError, SpaceError
 from .objective import TrialResult, TrialRunner
 from .plan import Hardware, resolve
 from .pruners import TimeToAccuracyPruner
-from .space import SearchSpace, load_space
+from .space import SearchSpace, check_space, load_space
 from .tracking import Tracker, ui_command
 
 __all__ = ["run_study", "open_storage", "format_result"]
@@ -72,8 +72,10 @@ def format_result(r: TrialResult, metric: str) -> str:
 
 
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials that ran and ended; points dropped for violating a constraint do not count."""
     return [t for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)]
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+            and t.user_attrs.get("outcome") != "infeasible"]
 
 
 def _counts(trials: list[FrozenTrial]) -> dict[str, int]:
@@ -90,6 +92,9 @@ def _prepare(cfg: StudyConfig) -> tuple[SearchSpace, int]:
     from trainers.data import train_size
 
     space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial)
+    problems = check_space(space)
+    if problems:
+        raise SpaceError(f"{space.source_file}: {problems[0]}", problems=problems)
     try:
         size = train_size(cfg.trainer.data)
     except ValueError as e:

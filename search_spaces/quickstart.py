@@ -6,18 +6,34 @@ measured to reach the target in about 9 s on 2 CPU cores (batch 128, LR 0.02, no
 time-to-accuracy bound prunes from the first trials on.
 """
 
-from autotune import Categorical, Float, Int, PowerOfTwo, SearchSpace
+import math
+
+from autotune import Categorical, Constraint, Float, Int, PowerOfTwo, SearchSpace
+
+
+def _batch(world_size: int) -> PowerOfTwo | Categorical:
+    if world_size & (world_size - 1) == 0:  # a power of two: search log2 of the batch
+        return PowerOfTwo("global_batch", max(16, world_size), max(512, world_size))
+    multiples = [world_size * k for k in (1, 2, 4, 8, 16, 32) if world_size * k <= 1437]
+    return Categorical("global_batch", multiples)
+
+
+def _nearest(param: PowerOfTwo | Categorical, batch: int) -> int:
+    return min(param.values(), key=lambda b: abs(math.log2(b) - math.log2(batch)))
 
 
 def space(world_size: int) -> SearchSpace:
+    batch = _batch(world_size)
     return SearchSpace(
-        PowerOfTwo("global_batch", max(16, world_size), 512),
+        batch,
         Float("lr_per_256", 0.01, 2.0, log=True),
         Float("warmup_epochs", 0.0, 2.0),
         Categorical("decay", ["cosine", "linear", "step"]),
         Float("label_smoothing", 0.0, 0.2),
         Int("epochs", 3, 12),
-        warm_starts=[{"global_batch": 128, "lr_per_256": 0.04, "warmup_epochs": 0.0,
-                      "decay": "cosine", "label_smoothing": 0.0, "epochs": 8}],
-        name="quickstart",
+        Constraint("warmup_epochs <= 0.5 * epochs"),
+        warm_starts=[{"global_batch": _nearest(batch, 128), "lr_per_256": 0.04,
+                      "warmup_epochs": 0.0, "decay": "cosine", "label_smoothing": 0.0,
+                      "epochs": 8}],
+        name="quickstart", world_size=world_size,
     )

@@ -1,78 +1,153 @@
-"""The search-space API: validation, sampling, serialization, loading from files."""
+"""The search-space API: sampling, conditions, derived values, constraints, JSON, loading."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import optuna
 import pytest
 
-from autotune import Categorical, Fixed, Float, Int, PowerOfTwo, SearchSpace, SpaceError
+from autotune import (
+    Categorical,
+    Constraint,
+    Derived,
+    Fixed,
+    Float,
+    InfeasiblePoint,
+    Int,
+    PowerOfTwo,
+    SearchSpace,
+    SpaceError,
+)
 from autotune.space import load_space, shipped_spaces
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def space() -> SearchSpace:
-    return SearchSpace(PowerOfTwo("global_batch", 16, 512), Float("lr_per_256", 0.01, 2, log=True),
-                       Categorical("decay", ["cosine", "linear"]), Int("epochs", 3, 12),
-                       Fixed("momentum", 0.9),
-                       warm_starts=[{"global_batch": 128, "lr_per_256": 0.04, "decay": "cosine",
-                                     "epochs": 8, "momentum": 0.9}])
+def large_batch_space(world_size: int = 8) -> SearchSpace:
+    return SearchSpace(
+        PowerOfTwo("global_batch", 256, 32768),
+        Categorical("optimizer", ["sgd", "lars"]),
+        Float("lars_trust_coefficient", 1e-4, 1e-2, log=True, condition="optimizer == 'lars'"),
+        Float("lr_per_256", 0.01, 2, log=True),
+        Int("epochs", 16, 90),
+        Derived("warmup_epochs", "min(0.3 * epochs, 2 + global_batch / 4096)"),
+        Fixed("momentum", 0.9),
+        Constraint("optimizer == 'lars' or global_batch <= 8192"),
+        warm_starts=[{"global_batch": 8192, "optimizer": "sgd", "lr_per_256": 0.1,
+                      "epochs": 90, "momentum": 0.9}],
+        world_size=world_size)
 
 
-def test_samples_stay_in_range_and_batches_are_powers_of_two():
-    s = space()
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
-    for _ in range(30):
-        values = s.sample(study.ask())
-        assert values["global_batch"] in {16, 32, 64, 128, 256, 512}
-        assert 0.01 <= values["lr_per_256"] <= 2
-        assert values["decay"] in ("cosine", "linear") and 3 <= values["epochs"] <= 12
-        assert values["momentum"] == 0.9
+def sample_many(space: SearchSpace, n: int = 60, seed: int = 1) -> list[dict]:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    points = []
+    for _ in range(n):
+        trial = study.ask()
+        try:
+            points.append(space.sample(trial))
+        except InfeasiblePoint:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        study.tell(trial, 0.0)
+    return points
+
+
+def test_conditional_parameters_exist_only_where_their_condition_holds():
+    points = sample_many(large_batch_space())
+    assert {p["optimizer"] for p in points} == {"sgd", "lars"}
+    for p in points:
+        assert ("lars_trust_coefficient" in p) == (p["optimizer"] == "lars")
+
+
+def test_derived_values_follow_the_batch_and_constraints_hold():
+    points = sample_many(large_batch_space())
+    assert points
+    for p in points:
+        assert p["warmup_epochs"] == pytest.approx(min(0.3 * p["epochs"],
+                                                       2 + p["global_batch"] / 4096))
+        assert p["optimizer"] == "lars" or p["global_batch"] <= 8192
+        assert p["momentum"] == 0.9
+
+
+def test_a_violating_point_raises_infeasible_with_the_constraint():
+    space = large_batch_space()
+    study = optuna.create_study()
+    study.enqueue_trial({"global_batch_log2": 15, "optimizer": "sgd", "lr_per_256": 0.1,
+                         "epochs": 30})
+    with pytest.raises(InfeasiblePoint, match="optimizer == 'lars' or global_batch <= 8192"):
+        space.sample(study.ask())
 
 
 def test_warm_starts_enqueue_as_the_exact_point():
-    s = space()
+    space = large_batch_space()
     study = optuna.create_study()
-    study.enqueue_trial(s.encode(s.warm_starts[0]))
-    assert s.sample(study.ask()) == s.warm_starts[0]
+    study.enqueue_trial(space.encode(space.warm_starts[0]))
+    point = space.sample(study.ask())
+    assert {k: point[k] for k in space.warm_starts[0]} == space.warm_starts[0]
+    assert point["warmup_epochs"] == pytest.approx(4.0)
+
+
+def test_define_by_run_adds_parameters():
+    def extra(trial, values):
+        return {"weight_decay": trial.suggest_float("weight_decay", 1e-5, 1e-3, log=True)}
+
+    space = SearchSpace(Int("epochs", 2, 4), define_by_run=extra)
+    point = sample_many(space, n=1)[0]
+    assert set(point) == {"epochs", "weight_decay"}
 
 
 def test_round_trips_through_json():
-    s = space()
-    again = SearchSpace.from_dict(json.loads(json.dumps(s.to_dict())))
-    assert again.to_dict() == s.to_dict()
-    assert again.table() == s.table()
+    space = large_batch_space()
+    again = SearchSpace.from_dict(json.loads(json.dumps(space.to_dict())))
+    assert again.to_dict() == space.to_dict()
+    assert again.table() == space.table()
 
 
-@pytest.mark.parametrize(("build", "message"), [
-    (lambda: Float("x", 1.0, 1.0), "low (1.0) must be below high (1.0)"),
-    (lambda: Float("x", 0.0, 1.0, log=True), "log range needs low > 0"),
-    (lambda: Int("x", 1.5, 3), "low must be an integer"),
-    (lambda: PowerOfTwo("x", 3, 16), "low must be a power of two"),
-    (lambda: Categorical("x", []), "choices must not be empty"),
-    (lambda: Categorical("x", "abc"), "choices must be a list"),
-    (lambda: Float("not a name", 0, 1), "must be a Python identifier"),
-    (lambda: SearchSpace(Int("x", 1, 2), Int("x", 1, 3)), "declared twice"),
-    (lambda: SearchSpace(Int("x", 1, 2), warm_starts=[{}]), "lacks x"),
-])
-def test_bad_spaces_are_refused_when_built(build, message):
-    with pytest.raises(SpaceError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        build()
+def test_table_shows_conditions_derived_values_and_constraints():
+    text = large_batch_space().table()
+    assert "lars_trust_coefficient" in text and "if optimizer == 'lars'" in text
+    assert "= min(0.3 * epochs" in text
+    assert "constraint: optimizer == 'lars' or global_batch <= 8192" in text
+    assert "world size 8" in text
 
 
-def test_shipped_quickstart_scales_its_smallest_batch_to_the_world_size():
-    assert "quickstart" in shipped_spaces()
-    small, large = load_space("quickstart", world_size=2), load_space("quickstart", world_size=64)
-    assert small.params[0].low == 16 and large.params[0].low == 64
+def test_all_problems_are_collected_at_build():
+    with pytest.raises(SpaceError) as info:
+        SearchSpace(Float("a", 2, 1), Int("b", 0, 8, log=True), Categorical("c", []))
+    assert len(info.value.problems) == 3
+    assert "and 2 more problem(s)" in str(info.value)
 
 
-def test_a_user_file_defining_space_loads(tmp_path):
-    (tmp_path / "mine.py").write_text(
-        "from autotune import SearchSpace, Int\nspace = SearchSpace(Int('epochs', 2, 4))\n")
-    loaded = load_space("mine.py", base_dir=str(tmp_path))
-    assert loaded.name == "mine" and [p.name for p in loaded.params] == ["epochs"]
+@pytest.mark.parametrize("name", ["quickstart", "resnet50_imagenet_dawnbench",
+                                  "resnet50_imagenet_mlperf"])
+@pytest.mark.parametrize("world_size", [1, 2, 8, 24, 128])
+def test_shipped_spaces_build_for_any_world_size(name, world_size):
+    space = load_space(name, world_size=world_size)
+    points = sample_many(space, n=20)
+    assert all(p["global_batch"] % world_size == 0 for p in points)
+    assert space.warm_starts
+
+
+def test_imagenet_warm_starts_are_the_published_recipes_moved_to_the_world_size():
+    space = load_space("resnet50_imagenet_dawnbench", world_size=128)
+    by_batch = {w["global_batch"]: w for w in space.warm_starts}
+    lars_32k = by_batch[32768]                                    # AIACC DAWNBench record
+    assert lars_32k["optimizer"] == "lars" and lars_32k["warmup_epochs"] == 14.0
+    assert lars_32k["lr_per_256"] * 32768 / 256 == pytest.approx(25.0)
+    goyal = by_batch[8192]
+    assert goyal["lr_per_256"] == 0.1 and goyal["decay"] == "step" and goyal["epochs"] == 90
+    small = load_space("resnet50_imagenet_mlperf", world_size=8)
+    mlperf = [w for w in small.warm_starts if w.get("decay") == "poly"][0]
+    assert mlperf["global_batch"] == 4096                         # 3,200 moved to 8 x 512
+    assert mlperf["lr_per_256"] * 3200 / 256 == pytest.approx(11.0)
+
+
+def test_shipped_space_names():
+    assert set(shipped_spaces()) == {"quickstart", "resnet50_imagenet_dawnbench",
+                                     "resnet50_imagenet_mlperf"}
 
 
 def test_a_file_without_space_says_what_to_define(tmp_path):
@@ -82,12 +157,10 @@ def test_a_file_without_space_says_what_to_define(tmp_path):
 
 
 def test_the_readme_example_is_a_valid_space(tmp_path):
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     section = readme.split("## Writing a search space", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "readme_space.py").write_text(code)
     loaded = load_space(str(tmp_path / "readme_space.py"), world_size=2)
     assert [p.name for p in loaded.params][:2] == ["global_batch", "lr_per_256"]
-    assert loaded.warm_starts and loaded.encode(loaded.warm_starts[0])["global_batch_log2"] == 7
+    assert loaded.warm_starts

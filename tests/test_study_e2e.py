@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 from mlflow import MlflowClient
 
@@ -64,3 +66,19 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     runs = client.search_runs([experiment.experiment_id])
     assert sum(r.data.tags.get("autotune.kind") == "study" for r in runs) == 1
     assert sum(r.data.tags.get("autotune.kind") == "trial" for r in runs) == 3
+
+
+def test_a_space_written_from_the_readme_runs_a_study(tmp_path):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = readme.split("## Writing a search space", 1)[1].split("```python\n", 1)[1]
+    (tmp_path / "my_space.py").write_text(code.split("```", 1)[0])
+    (tmp_path / "study.yaml").write_text(
+        "study_name: mine\nsearch_space: my_space.py\nbudget: {n_trials: 1, max_trial_s: 8}\n")
+    result = run_cli("start", "study", "study.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = optuna.load_study(study_name="mine", storage=f"sqlite:///{tmp_path / 'autotune.db'}")
+    [trial] = study.trials
+    assert trial.user_attrs["outcome"] in ("reached", "censored")
+    params = trial.user_attrs["params"]               # the warm start, with its derived warmup
+    assert params["global_batch"] == 128 and params["warmup_epochs"] == 0.5
+    assert (tmp_path / "mlruns" / "mlflow.db").is_file()

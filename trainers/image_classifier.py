@@ -59,10 +59,20 @@ def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim
         (no_decay if skip else decay).append(param)
     groups = [{"params": decay, "weight_decay": opt["weight_decay"]},
               {"params": no_decay, "weight_decay": 0.0}]
+    nesterov = bool(opt.get("nesterov", False)) and opt["momentum"] > 0
     if opt["name"] == "sgd":
         return torch.optim.SGD(groups, lr=plan["peak_lr"], momentum=opt["momentum"],
-                               nesterov=bool(opt.get("nesterov", False)) and opt["momentum"] > 0)
-    raise ValueError(f"unknown optimizer {opt['name']!r}; allowed: sgd")
+                               nesterov=nesterov)
+    if opt["name"] == "lars":  # timm's LARS adapts only groups with weight decay: not BN, bias
+        from timm.optim import Lars
+
+        return Lars(groups, lr=plan["peak_lr"], momentum=opt["momentum"], nesterov=nesterov,
+                    trust_coeff=opt.get("trust_coefficient", 0.001))
+    if opt["name"] == "lamb":
+        from timm.optim import Lamb
+
+        return Lamb(groups, lr=plan["peak_lr"], betas=(opt["momentum"], 0.999))
+    raise ValueError(f"unknown optimizer {opt['name']!r}; allowed: sgd, lars, lamb")
 
 
 class Clock:

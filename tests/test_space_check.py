@@ -1,0 +1,119 @@
+"""`autotune space check`: every problem of a broken file, each with a precise message."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.cli import main
+
+from .conftest import run_cli
+
+HEADER = ("from autotune import Categorical, Constraint, Derived, Fixed, Float, Int, PowerOfTwo,"
+          " SearchSpace\n")
+GOOD = 'PowerOfTwo("global_batch", 64, 512), Float("lr_per_256", 0.01, 1.0), Int("epochs", 2, 8)'
+
+CASES = {
+    "low >= high": ('Float("label_smoothing", 0.3, 0.1)',
+                    "label_smoothing: low (0.3) must be below high (0.1)"),
+    "log with low <= 0": ('Float("weight_decay", 0.0, 1e-3, log=True)',
+                          "weight_decay: a log range needs low > 0"),
+    "empty categorical": ('Categorical("decay", [])', "decay: choices must not be empty"),
+    "categorical not a list": ('Categorical("decay", "cosine")',
+                               "decay: choices must be a list"),
+    "duplicate categorical choices": ('Categorical("decay", ["cosine", "cosine"])',
+                                      "decay: choices must be distinct"),
+    "duplicate names": ('Int("epochs", 3, 9)', "parameter 'epochs' is declared twice"),
+    "condition on unknown parameter": (
+        'Float("lars_trust_coefficient", 1e-4, 1e-2, condition="optimzer == \'lars\'")',
+        "'lars_trust_coefficient' refers to 'optimzer', which is not a parameter"),
+    "condition on a later parameter": (
+        'Float("momentum", 0.8, 0.95, condition="nesterov"), Categorical("nesterov", [True])',
+        "'momentum' refers to 'nesterov', which is declared after it"),
+    "unsatisfiable constraint": ('Constraint("epochs > 100")',
+                                 "no point satisfies the constraints"),
+    "batch not splittable": ('Categorical("label_smoothing", [0.0]), Fixed("decay", "cosine")',
+                             None),
+    "wrong type for a bound": ('Float("momentum", "0.8", 0.95)',
+                               "momentum: low must be a number, got '0.8'"),
+    "int with a float bound": ('Int("warmup_epochs", 0, 2.5)',
+                               "warmup_epochs: high must be an integer, got 2.5"),
+    "power of two bound": ('PowerOfTwo("decay_power", 3, 8)',
+                           "decay_power: low must be a power of two, got 3"),
+    "not a parameter": ('"lr"', "item 4 ('lr') is not a parameter"),
+    "bad expression syntax": ('Constraint("epochs >")', "is not a valid expression"),
+    "forbidden expression": ('Constraint("__import__(\'os\')")',
+                             "only these functions may be called"),
+    "bad name": ('Float("peak lr", 0.1, 1.0)', "parameter name 'peak lr' must be a Python"),
+    "not a plan parameter": ('Float("lr", 0.1, 1.0)', "'lr' is not a plan parameter"),
+    "warm start outside its range": (None, "warm start 1: epochs = 20 is outside int [2, 8]"),
+    "int step that does not fit": ('Int("warmup_epochs", 0, 5, step=2)',
+                                   "high - low (5) must be a multiple of step (2)"),
+}
+
+
+def space_file(tmp_path, case: str) -> str:
+    extra, _ = CASES[case]
+    if case == "batch not splittable":
+        body = ('SearchSpace(Int("global_batch", 64, 512), Float("lr_per_256", 0.01, 1.0), '
+                'Int("epochs", 2, 8), world_size=world_size)')
+    elif case == "warm start outside its range":
+        body = (f'SearchSpace({GOOD}, warm_starts=[{{"global_batch": 64, "lr_per_256": 0.1, '
+                '"epochs": 20}], world_size=world_size)')
+    else:
+        body = f"SearchSpace({GOOD}, {extra}, world_size=world_size)"
+    path = tmp_path / "space.py"
+    path.write_text(HEADER + f"\ndef space(world_size):\n    return {body}\n")
+    return str(path)
+
+
+CASES["batch not splittable"] = (None, "global_batch: 64, 65, 67, 68, 70, ... cannot be split "
+                                       "evenly over 3 ranks")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_bad_space_gets_its_message_and_exit_code_2(case, tmp_path, capsys):
+    path = space_file(tmp_path, case)
+    code = main(["space", "check", path, "--world-size", "3" if "batch" in case else "2"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert CASES[case][1] in err, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("autotune: error: ")
+
+
+def test_check_lists_every_problem_not_just_the_first(tmp_path, capsys):
+    path = tmp_path / "broken.py"
+    path.write_text(HEADER + 'space = SearchSpace(Float("lr_per_256", 1.0, 0.1), '
+                    'Categorical("decay", []), Int("epochs", 0, 5, log=True), '
+                    'Float("momentum", 0.9, 0.95, condition="optimizer == \'lars\'"))\n')
+    assert main(["space", "check", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 5 and lines[-1] == (
+        f"autotune: error: 4 problem(s) in search space {str(path)!r}")
+    assert all(line.startswith(str(path)) for line in lines[:-1])
+
+
+def test_a_good_file_passes_and_prints_its_table(tmp_path):
+    path = space_file(tmp_path, "low >= high").replace("space.py", "good.py")
+    (tmp_path / "good.py").write_text(HEADER + f"space = SearchSpace({GOOD})\n")
+    result = run_cli("space", "check", path, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "global_batch" in result.stdout and "ok: " in result.stdout
+
+
+def test_start_study_with_a_broken_space_points_to_space_check(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    space_file(tmp_path, "empty categorical")
+    (tmp_path / "s.yaml").write_text("search_space: space.py\n")
+    assert main(["start", "study", "s.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "decay: choices must not be empty" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml", "space.py"]
+
+
+@pytest.mark.parametrize("name", ["quickstart", "resnet50_imagenet_dawnbench",
+                                  "resnet50_imagenet_mlperf"])
+def test_space_show_prints_each_shipped_space(name, capsys):
+    assert main(["space", "show", name, "--world-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert f"search space {name} (world size 16)" in out and "warm-start" in out
