@@ -59,6 +59,49 @@ def _space_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ui(args: argparse.Namespace) -> int:
+    from .ui import serve
+
+    if args.host != "127.0.0.1":
+        print(f"autotune: warning: the MLflow UI has no authentication; anyone who reaches "
+              f"{args.host}:{args.port} can read and change this study's records",
+              file=sys.stderr)
+    return serve(args.tracking_uri, args.study, args.host, args.port)
+
+
+def _add_ui(sub: Any) -> None:
+    p = sub.add_parser("ui", help="open the MLflow UI on a study's records",
+                       description="Start the MLflow UI on the study's store and print the "
+                                   "page of the study's runs.")
+    p.add_argument("--tracking-uri", default="mlruns",
+                   help="MLflow tracking URI or local store directory (default ./mlruns)")
+    p.add_argument("--study", help="study name (default: the only study in the store)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    p.set_defaults(func=_ui)
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from . import db
+    from .config import validate_storage_url
+
+    validate_storage_url(args.storage, "--storage")
+    before = db.current(args.storage)
+    db.upgrade(args.storage)
+    after = db.current(args.storage)
+    print(f"autotune tables in {args.storage}: revision {before or 'none'} -> {after}"
+          if before != after else f"autotune tables in {args.storage} are up to date ({after})")
+    return 0
+
+
+def _add_db_upgrade(sub: Any) -> None:
+    p = sub.add_parser("db upgrade", help="create or migrate autotune's tables in a database",
+                       description="Apply autotune's migrations (workers, trial attempts) to a "
+                                   "study database; Optuna's own tables are left alone.")
+    p.add_argument("--storage", required=True, help="database URL (postgresql://... or sqlite)")
+    p.set_defaults(func=_db_upgrade)
+
+
 def _add_start_study(sub: Any) -> None:
     p = sub.add_parser("start study", help="run a time-to-accuracy study",
                        description="Run a study: trials are proposed, trained with DeepSpeed and "
@@ -105,10 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_start_study(sub)
     _add_space_show(sub)
     _add_space_check(sub)
+    _add_ui(sub)
+    _add_db_upgrade(sub)
     return parser
 
 
-_TWO_WORD = ("start study", "space show", "space check")
+_TWO_WORD = ("start study", "space show", "space check", "db upgrade")
 
 
 def _join_two_word_commands(argv: list[str]) -> list[str]:

@@ -52,6 +52,8 @@ class TrainerConfig:
     eval_batch: int = 256
     no_wd_on_bn_bias: bool = True
     zero_init_residual: bool = False
+    precision: str = "bf16"                 # on GPUs: bf16 autocast or fp32; CPUs use fp32
+    compile: bool = False                   # torch.compile the model
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,13 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(cfg.trainer.max_micro_batch >= 1, "trainer.max_micro_batch",
           f"must be at least 1, got {cfg.trainer.max_micro_batch}")
     check(cfg.pruner_margin >= 1.0, "pruner_margin", f"must be >= 1.0, got {cfg.pruner_margin}")
+    check(cfg.trainer.precision in ("bf16", "fp32"), "trainer.precision",
+          f"{cfg.trainer.precision!r} is not allowed; use bf16 or fp32")
+    kind = cfg.trainer.data.get("kind", "digits")
+    check(kind in ("digits", "imagefolder", "synthetic"), "trainer.data.kind",
+          f"{kind!r} is not allowed; use digits, imagefolder (with path) or synthetic")
+    check(kind != "imagefolder" or bool(cfg.trainer.data.get("path")), "trainer.data.path",
+          "must name the ImageFolder root (with train/ and val/) when kind is imagefolder")
     check(bool(re.match(r"^[a-z][a-z0-9+]*://", cfg.storage)), "storage",
           f"{cfg.storage!r} is not a database URL; use for example sqlite:///autotune.db or "
           "postgresql://user@host/db")
@@ -207,6 +216,21 @@ def _validate(cfg: StudyConfig, flagged: set[str]) -> None:
         key, message = problems[0]
         where = FLAGS[key] if key in flagged else f"{cfg.source}: {key}"
         raise ConfigError(f"{where} {message}")
+
+
+def database_url(url: str) -> str:
+    """``url`` with PostgreSQL reached through psycopg2 (SQLAlchemy 2.1 would pick psycopg 3)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg2://" + url[len(prefix):]
+    return url
+
+
+def validate_storage_url(url: str, where: str) -> None:
+    """A one-line error unless ``url`` looks like a database URL."""
+    if not re.match(r"^[a-z][a-z0-9+]*://", url):
+        raise ConfigError(f"{where} {url!r} is not a database URL; use for example "
+                          "sqlite:///autotune.db or postgresql://user@host/db")
 
 
 def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:

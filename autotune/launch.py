@@ -16,7 +16,8 @@ from typing import Any
 
 from .errors import LaunchError
 
-__all__ = ["deepspeed_command", "free_port", "ReportChannel", "TrainerProcess", "trainer_path"]
+__all__ = ["deepspeed_command", "free_port", "multinode_commands", "read_hostfile",
+           "ReportChannel", "TrainerProcess", "trainer_path"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,6 +51,40 @@ def deepspeed_command(script: Path, plan_path: Path, report_to: str, *, ranks: i
     """The launcher command that starts ``ranks`` local ranks of ``script``."""
     return [_deepspeed_executable(), "--num_gpus", str(ranks), "--master_port", str(master_port),
             str(script), "--plan", str(plan_path), "--report-to", report_to]
+
+
+def read_hostfile(path: Path) -> list[tuple[str, int]]:
+    """(host, slots) per line of a DeepSpeed hostfile (``host slots=N``), in order."""
+    hosts = []
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        slots = [p for p in parts[1:] if p.startswith("slots=")]
+        if len(parts) != 2 or not slots or not slots[0][6:].isdigit() or int(slots[0][6:]) < 1:
+            raise LaunchError(f"{path}:{number}: {raw.strip()!r} is not 'HOST slots=N'")
+        hosts.append((parts[0], int(slots[0][6:])))
+    if not hosts:
+        raise LaunchError(f"{path}: no hosts; write one 'HOST slots=N' line per node")
+    return hosts
+
+
+def multinode_commands(script: Path, plan_path: Path, report_to: str, *, hostfile: Path,
+                       master_addr: str, master_port: int, ssh: bool) -> list[list[str]]:
+    """The launcher commands for a trial across the nodes of ``hostfile``.
+
+    With ``ssh``, one command, run on the first node: DeepSpeed's runner reaches every node
+    over ssh (pdsh). Without it, one command per node, each started on its own node
+    (``--no_ssh --node_rank I``); node 0 hosts rank 0 and the rendezvous at ``master_addr``.
+    """
+    hosts = read_hostfile(hostfile)
+    base = [_deepspeed_executable(), "--hostfile", str(hostfile), "--master_addr", master_addr,
+            "--master_port", str(master_port)]
+    tail = [str(script), "--plan", str(plan_path), "--report-to", report_to]
+    if ssh:
+        return [[*base, "--launcher", "pdsh", *tail]]
+    return [[*base, "--no_ssh", "--node_rank", str(rank), *tail] for rank in range(len(hosts))]
 
 
 def trainer_env(device: str, threads_per_rank: int) -> dict[str, str]:
@@ -149,6 +184,11 @@ class ReportChannel:
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 yield json.loads(line)
+
+    def request(self, name: str) -> None:
+        """Sends an unsolicited request (``checkpoint``) that the trainer acts on at its next
+        step."""
+        self.reply({"request": name})
 
     def reply(self, message: dict[str, Any]) -> None:
         if self._conn is None:

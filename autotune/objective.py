@@ -6,7 +6,10 @@ Outcomes (DESIGN.md):
   elapsed time: value = elapsed seconds, with the constraint ``reach_target`` = target - best
   metric > 0, so Optuna ranks it behind every trial that reached the target, and closer misses
   ahead of wider ones. Never a failure;
-* failed: diverged, crashed, launch or plan error; Optuna state FAIL with the reason.
+* failed: diverged, out of memory, crashed, launch or plan error, with the reason. Failures
+  the configuration causes (diverged, oom) are told as complete but maximally infeasible
+  (``reach_target`` = 1 + target), so the sampler steers away from them; the others are
+  Optuna FAIL, which the sampler ignores.
 """
 
 from __future__ import annotations
@@ -33,15 +36,18 @@ from .launch import (
     trainer_path,
 )
 from .plan import Hardware, derived_params, resolve
-from .pruners import ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
+from .pruners import CURVE_KEY, ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
 from .space import InfeasiblePoint, SearchSpace
 from .tracking import Tracker
 
-__all__ = ["TrialResult", "TrialRunner"]
+__all__ = ["TrialResult", "TrialRunner", "make_pruner", "optuna_state", "tell_result"]
 
 LAUNCH_GRACE_S = 180.0      # setup time allowed before the trainer's first report
 CONSTRAINT = "reach_target"
 MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
+# Failures the configuration causes (not the machine): recorded as complete but maximally
+# infeasible, so the sampler steers away from them instead of ignoring them.
+CONFIG_FAILURES = ("diverged", "oom")
 
 
 @dataclass
@@ -55,6 +61,28 @@ class TrialResult:
     evals: int = 0
     detail: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
+    curve: list[list[Any]] = field(default_factory=list)
+
+
+def _finite_or_none(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def make_pruner(cfg: StudyConfig) -> TimeToAccuracyPruner:
+    """The study's pruner, from its config."""
+    return TimeToAccuracyPruner(cfg.target.value, metric=cfg.target.metric,
+                                num_classes=cfg.trainer.num_classes, margin=cfg.pruner_margin)
+
+
+def optuna_state(result: TrialResult) -> str:
+    """The Optuna state a result is told with (see ``TrialRunner._tell``)."""
+    if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
+        return "FAIL"
+    return "COMPLETE"
 
 
 class _Heartbeat:
@@ -92,7 +120,7 @@ class TrialRunner:
         self.tracker = tracker
         self.run_dir = run_dir
         self.stop_at = stop_at
-        self.pruner = TimeToAccuracyPruner(cfg.pruner_margin)
+        self.pruner = make_pruner(cfg)
         self.hardware = Hardware(world_size=cfg.ranks_per_trial, device=cfg.device,
                                  max_micro_batch=cfg.trainer.max_micro_batch)
 
@@ -127,6 +155,8 @@ class TrialRunner:
             if heartbeat:
                 heartbeat.stop()
         self._tell(study, trial, result)
+        if self.tracker:
+            self.tracker.study_plots(study, self.cfg.target.metric, self.cfg.target.value)
         return result
 
     def _plan(self, trial: optuna.Trial, params: dict[str, Any]) -> dict[str, Any]:
@@ -145,18 +175,20 @@ class TrialRunner:
             return TrialResult(trial.number, params, "failed", "plan_error", detail=str(e))
         folder = self.run_dir / f"trial-{trial.number}"
         folder.mkdir(parents=True, exist_ok=True)
+        plan["checkpoint_dir"] = str((folder / "checkpoint").resolve())
         plan_path = folder / "plan.json"
         plan_path.write_text(json.dumps(plan, indent=2))
         derived = derived_params(plan)
         for key, value in derived.items():
             trial.set_user_attr(f"plan.{key}", value)
-        run_id = self.tracker.start_trial(trial.number, params, derived) if self.tracker else None
-        if run_id:
-            trial.set_user_attr("mlflow_run_id", run_id)
-        result = self._follow(study, trial, plan, plan_path, folder, run_id)
-        result.params = params
+        run_key = None
         if self.tracker:
-            state = "COMPLETE" if result.outcome != "failed" else "FAIL"
+            run_key = self.tracker.start_trial(trial.number, params, derived, plan)
+            trial.set_user_attr("mlflow_run_key", run_key)
+        result = self._follow(study, trial, plan, plan_path, folder, run_key)
+        result.params = params
+        if self.tracker and run_key:
+            state = optuna_state(result)
             final = {"reached_target": 1.0 if result.outcome == "reached" else 0.0,
                      "best_" + self.cfg.target.metric: result.best_metric}
             if result.outcome == "reached":
@@ -166,14 +198,14 @@ class TrialRunner:
                     final[key] = result.summary[key]
             if "elapsed_s" in result.summary:  # the per-evaluation series keeps its own name
                 final["total_elapsed_s"] = result.summary["elapsed_s"]
-            self.tracker.end_trial(run_id, state=state, outcome=result.outcome,
-                                   reason=result.reason, metrics=final,
-                                   tags={"autotune.detail": result.detail[:500]}
-                                   if result.detail else None)
+            self.tracker.end_trial(run_key, state=state, outcome=result.outcome,
+                                   reason=result.reason, metrics=final, curve=result.curve,
+                                   metric=self.cfg.target.metric, target=self.cfg.target.value,
+                                   detail=result.detail)
         return result
 
     def _follow(self, study: optuna.Study, trial: optuna.Trial, plan: dict[str, Any],
-                plan_path: Path, folder: Path, run_id: str | None) -> TrialResult:
+                plan_path: Path, folder: Path, run_key: str | None) -> TrialResult:
         channel = ReportChannel()
         command = deepspeed_command(trainer_path(self.cfg.trainer.program), plan_path,
                                     channel.address, ranks=self.cfg.ranks_per_trial,
@@ -185,8 +217,9 @@ class TrialRunner:
         except AutotuneError as e:
             channel.close()
             return TrialResult(trial.number, {}, "failed", "launch_error", detail=str(e))
-        metric, target = self.cfg.target.metric, self.cfg.target.value
+        metric = self.cfg.target.metric
         best, evals, curve = 0.0, 0, []
+        stop_reason = ""
         end: dict[str, Any] | None = None
         hard_deadline = time.monotonic() + LAUNCH_GRACE_S + plan["max_seconds"] * 2 + 60
         try:
@@ -194,19 +227,26 @@ class TrialRunner:
                 kind = msg.get("type")
                 if kind == "start":
                     trial.set_user_attr("setup_s", msg.get("setup_s"))
+                    trial.set_user_attr("hosts", msg.get("hosts", []))
+                    if self.tracker and run_key:
+                        self.tracker.log_start(run_key, msg)
                     channel.reply({"action": "continue", "reason": "",
                                    "deadline_s": self.pruner.deadline(study)})
                 elif kind == "eval":
                     evals += 1
                     value = float(msg[metric])
                     best = max(best, value) if math.isfinite(value) else best
-                    curve.append([round(msg["elapsed_s"], 3), msg.get("top1"), msg.get("top5")])
+                    curve.append([round(msg["elapsed_s"], 3), msg.get("top1"), msg.get("top5"),
+                                  round(float(msg["epoch"]) / plan["epochs"], 4),
+                                  _finite_or_none(msg.get("loss"))])
                     trial.report(value, step=int(msg["index"]))
                     trial.set_user_attr(ELAPSED_KEY, msg["elapsed_s"])
-                    trial.set_user_attr("curve", curve)
-                    if self.tracker:
-                        self.tracker.log_eval(run_id, msg)
-                    channel.reply(self._decide(study, trial, msg))
+                    trial.set_user_attr(CURVE_KEY, curve)
+                    if self.tracker and run_key:
+                        self.tracker.log_eval(run_key, msg)
+                    reply = self._decide(study, trial, msg)
+                    stop_reason = reply["reason"] or stop_reason
+                    channel.reply(reply)
                 elif kind == "end":
                     end = msg
                     channel.reply({"action": "ack"})
@@ -215,7 +255,9 @@ class TrialRunner:
             if end is None:
                 process.kill()
             code = process.wait()
-        return self._result(trial.number, end, code, process, best, evals, target)
+        result = self._result(trial.number, end, code, process, best, evals, stop_reason)
+        result.curve = curve
+        return result
 
     def _decide(self, study: optuna.Study, trial: optuna.Trial,
                 msg: dict[str, Any]) -> dict[str, Any]:
@@ -224,47 +266,66 @@ class TrialRunner:
             return {"action": "continue", "reason": "", "deadline_s": deadline}
         if self.stop_at is not None and time.monotonic() > self.stop_at:
             return {"action": "stop", "reason": "study_timeout", "deadline_s": deadline}
-        if trial.should_prune():
-            return {"action": "stop", "reason": "bound", "deadline_s": deadline}
+        frozen = study._storage.get_trial(trial._trial_id)
+        reason = self.pruner.decide(study, frozen)
+        if reason:
+            return {"action": "stop", "reason": reason, "deadline_s": deadline}
         return {"action": "continue", "reason": "", "deadline_s": deadline}
 
     def _result(self, number: int, end: dict[str, Any] | None, code: int,
                 process: TrainerProcess, best: float, evals: int,
-                target: float) -> TrialResult:
+                stop_reason: str) -> TrialResult:
         if end is None:
             why = "hung" if code in (-9, -15) else "crashed"
             return TrialResult(number, {}, "failed", why, best_metric=best, evals=evals,
                                detail=f"trainer exited with code {code}: {process.tail()}")
         reason = str(end["reason"])
-        if reason == "stopped" and self.stop_at is not None and time.monotonic() > self.stop_at:
-            reason = "study_timeout"
-        elif reason == "stopped":
-            reason = "bound"
+        if reason == "stopped":  # stopped by the worker: say why
+            reason = stop_reason or "stopped"
         if reason == "reached":
             return TrialResult(number, {}, "reached", reason, value=float(end["tta_s"]),
                                best_metric=best, evals=evals, summary=end)
+        if reason == "oom":
+            return TrialResult(number, {}, "failed", reason, value=float(end["elapsed_s"]),
+                               best_metric=best, evals=evals, summary=end,
+                               detail=f"out of memory at micro-batch {end.get('micro_batch')}")
+        if reason == "checkpointed":
+            return TrialResult(number, {}, "failed", "interrupted", best_metric=best,
+                               evals=evals, summary=end,
+                               detail=f"checkpoint saved in {end.get('checkpoint')}")
         if reason == "diverged":
-            return TrialResult(number, {}, "failed", reason, best_metric=best, evals=evals,
-                               detail="loss became NaN or infinite", summary=end)
+            detail = ("accuracy still at chance" if stop_reason == "diverged"
+                      else "loss became NaN or infinite")
+            return TrialResult(number, {}, "failed", reason, value=float(end["elapsed_s"]),
+                               best_metric=best, evals=evals, detail=detail, summary=end)
         return TrialResult(number, {}, "censored", reason, value=float(end["elapsed_s"]),
                            best_metric=best, evals=evals, summary=end)
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
-        target = self.cfg.target.value
-        trial.set_user_attr(OUTCOME_KEY, result.outcome)
-        trial.set_user_attr("stop_reason", result.reason)
-        trial.set_user_attr("best_metric", result.best_metric)
-        for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps"):
-            if key in result.summary:
-                trial.set_user_attr(key, result.summary[key])
-        if result.detail:
-            trial.set_user_attr("detail", result.detail[:1000])
-        if result.outcome == "failed":
-            study.tell(trial, state=TrialState.FAIL)
-            return
-        violation = target - result.best_metric
-        trial.set_constraint(CONSTRAINT, violation if result.outcome == "reached"
-                             else max(violation, 1e-9))
-        if result.outcome == "reached":
-            trial.set_user_attr("tta_s", result.value)
-        study.tell(trial, result.value)
+        tell_result(study, trial, result, self.cfg.target.value)
+
+
+def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
+                target: float) -> None:
+    """Records ``result`` on ``trial`` and tells Optuna, as the module docstring describes."""
+    trial.set_user_attr(OUTCOME_KEY, result.outcome)
+    trial.set_user_attr("stop_reason", result.reason)
+    trial.set_user_attr("best_metric", result.best_metric)
+    for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps"):
+        if key in result.summary:
+            trial.set_user_attr(key, result.summary[key])
+    if result.detail:
+        trial.set_user_attr("detail", result.detail[:1000])
+    if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    if result.outcome == "failed":  # the configuration's fault: teach the sampler
+        trial.set_constraint(CONSTRAINT, 1.0 + target)
+        study.tell(trial, result.value or 0.0)
+        return
+    violation = target - result.best_metric
+    trial.set_constraint(CONSTRAINT, violation if result.outcome == "reached"
+                         else max(violation, 1e-9))
+    if result.outcome == "reached":
+        trial.set_user_attr("tta_s", result.value)
+    study.tell(trial, result.value)

@@ -157,6 +157,9 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
         "eval_every_s": float(trainer.get("eval_every_s", 0.0)),
         "eval_batch": int(trainer.get("eval_batch", 256)),
         "max_seconds": float(max_seconds), "seed": int(seed),
+        "precision": str(trainer.get("precision", "bf16")) if on_gpu else "fp32",
+        "compile": bool(trainer.get("compile", False)),
+        "checkpoint_dir": None, "resume_from": None,
         "deepspeed": {
             "train_batch_size": batch, "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": accum, "zero_optimization": {"stage": 0},

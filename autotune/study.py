@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -13,11 +14,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .config import StudyConfig
-from .errors import AutotuneError, ConfigError, PlanError, SpaceError
-from .objective import TrialResult, TrialRunner
+from .config import StudyConfig, database_url
+from .errors import ConfigError, PlanError, SpaceError
+from .objective import TrialResult, TrialRunner, make_pruner
 from .plan import Hardware, resolve
-from .pruners import TimeToAccuracyPruner
 from .space import SearchSpace, check_space, load_space
 from .tracking import Tracker, ui_command
 
@@ -33,7 +33,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
+            return optuna.storages.RDBStorage(database_url(url), heartbeat_interval=HEARTBEAT_S,
                                               grace_period=GRACE_S)
     except Exception as e:
         first = " ".join(str(e).split())[:200]
@@ -87,9 +87,20 @@ def _counts(trials: list[FrozenTrial]) -> dict[str, int]:
     return counts
 
 
-def _prepare(cfg: StudyConfig) -> tuple[SearchSpace, int]:
-    """Everything that can be checked before a store is touched."""
-    from trainers.data import train_size
+def _absolute_data(cfg: StudyConfig) -> StudyConfig:
+    """``cfg`` with an ImageFolder path made absolute (relative to the study file)."""
+    data = dict(cfg.trainer.data)
+    if data.get("kind") == "imagefolder" and not Path(str(data["path"])).is_absolute():
+        data["path"] = str((Path(cfg.base_dir) / str(data["path"])).resolve())
+        trainer = dataclasses.replace(cfg.trainer, data=data)
+        return dataclasses.replace(cfg, trainer=trainer)
+    return cfg
+
+
+def _prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
+    """Everything that can be checked before a store is touched; the config with its data's
+    number of classes."""
+    from trainers.sources import num_classes, train_size
 
     space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial)
     problems = check_space(space)
@@ -97,10 +108,12 @@ def _prepare(cfg: StudyConfig) -> tuple[SearchSpace, int]:
         raise SpaceError(f"{space.source_file}: {problems[0]}", problems=problems)
     try:
         size = train_size(cfg.trainer.data)
+        classes = num_classes(cfg.trainer.data)
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: trainer.data: {e}") from e
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, num_classes=classes))
     _check_warm_starts(space, cfg, size)
-    return space, size
+    return cfg, space, size
 
 
 def _print(line: str) -> None:
@@ -109,23 +122,22 @@ def _print(line: str) -> None:
 
 def run_study(cfg: StudyConfig, echo: Print = _print) -> int:
     """Runs the study ``cfg`` describes until its budget is spent; returns an exit code."""
-    space, size = _prepare(cfg)
+    cfg = _absolute_data(cfg)
+    cfg, space, size = _prepare(cfg)
     storage = open_storage(cfg.storage)
-    tracker = Tracker(cfg.tracking_uri, cfg.study_name)
-    try:
-        tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
-                             "autotune.search_space": space.name,
-                             "autotune.storage": cfg.storage.split(":", 1)[0]},
-                            {"config": cfg.to_dict()})
-    except Exception as e:
-        first = " ".join(str(e).split())[:200]
-        raise AutotuneError(f"cannot write to MLflow at {tracker.uri}: {first}") from e
+    folder = Path(cfg.run_dir) / cfg.study_name
+    tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder,
+                      {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
+                       "autotune.search_space": space.name,
+                       "autotune.storage": cfg.storage.split(":", 1)[0]})
     study = optuna.create_study(
         study_name=cfg.study_name, storage=storage, direction="minimize", load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=5),
-        pruner=TimeToAccuracyPruner(cfg.pruner_margin))
+        pruner=make_pruner(cfg))
     optuna.storages.fail_stale_trials(study)
     existing = study.get_trials(deepcopy=False)
+    tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
+                        cfg.to_dict(), space.to_dict(), resumed=bool(existing))
     if not existing:
         study.set_user_attr("config", cfg.to_dict())
         study.set_user_attr("search_space", space.to_dict())
@@ -148,7 +160,7 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
                  study: optuna.Study, storage: optuna.storages.RDBStorage, todo: int | None,
                  echo: Print) -> None:
     stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
-    folder = Path(cfg.run_dir) / cfg.study_name
+    folder = tracker.folder
     runner = TrialRunner(cfg, space, size, tracker, folder, stop_at, storage)
     lock = threading.Lock()
     left = [todo]
@@ -209,9 +221,13 @@ def _summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pr
              f"{best.value:.2f} s")
         for key, value in best_params.items():
             echo(f"  {key} = {_short(value)}")
+    tracker.study_plots(study, cfg.target.metric, cfg.target.value, final=True)
     tracker.end_study(summary, best_params)
+    if not tracker.close(timeout_s=60):
+        echo(f"MLflow at {tracker.uri} is unreachable: {tracker.outbox.pending} record(s) wait "
+             f"in {tracker.outbox.spool}; the next run of this study delivers them")
     echo("review the study in the MLflow UI:")
-    echo(f"  {ui_command(cfg.tracking_uri)}")
+    echo(f"  {ui_command(cfg.tracking_uri, cfg.study_name)}")
     return 0
 
 

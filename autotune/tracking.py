@@ -1,34 +1,44 @@
 """MLflow records of a study: one experiment, a parent run, a nested child run per trial.
 
-All writes go through ``MlflowClient`` with explicit run ids (no fluent run stack), so many
-workers can write at once. A failed write never stops the study: it is reported once as a
-warning and the study goes on.
+All writes go through ``MlflowClient`` with explicit run ids (no fluent run stack), queued in
+an on-disk outbox (:mod:`autotune._outbox`) and delivered by a background thread, so many
+workers can write at once and an MLflow outage never stops training: records wait on disk
+and arrive, once each, when MLflow is back.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import threading
-from collections.abc import Mapping
+import os
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from ._outbox import Outbox
 from .config import resolve_tracking_uri
 
-__all__ = ["Tracker", "ui_command"]
+__all__ = ["Tracker", "ui_command", "STUDY_KEY", "trial_key"]
 
 log = logging.getLogger(__name__)
 STUDY_TAG = "autotune.study"
 KIND_TAG = "autotune.kind"
+STUDY_KEY = "study"
 EVAL_METRICS = ("top1", "top5", "loss", "lr", "images_per_s", "elapsed_s", "epoch", "samples")
 
 
-def ui_command(tracking_uri: str, port: int = 5000) -> str:
-    """The shell command that opens the MLflow UI on this store."""
-    uri, _ = resolve_tracking_uri(tracking_uri)
-    if uri.startswith(("http://", "https://")):
-        return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {port}"
+def trial_key(number: int) -> str:
+    return f"trial-{number}"
+
+
+def ui_command(tracking_uri: str, study: str) -> str:
+    """The shell command that opens the MLflow UI on this store, at this study."""
+    uri, artifacts = resolve_tracking_uri(tracking_uri)
+    where = uri if artifacts is None else str(Path(tracking_uri).expanduser().resolve())
+    return f"autotune ui --tracking-uri {shlex.quote(where)} --study {shlex.quote(study)}"
 
 
 def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
@@ -39,125 +49,124 @@ def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = str(value)[:6000]
 
 
-class Tracker:
-    """Writes one study's records to MLflow."""
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
-    def __init__(self, tracking_uri: str, study_name: str) -> None:
+
+class Tracker:
+    """Writes one study's records to MLflow, through an outbox in ``folder``."""
+
+    def __init__(self, tracking_uri: str, study_name: str, folder: Path,
+                 experiment_tags: Mapping[str, str] | None = None) -> None:
+        # autotune retries on its own schedule; MLflow's own retries would block for minutes.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         from mlflow import MlflowClient
 
-        self.uri, self._artifacts = resolve_tracking_uri(tracking_uri)
+        self.uri, artifacts = resolve_tracking_uri(tracking_uri)
         self.study_name = study_name
-        self._client = MlflowClient(tracking_uri=self.uri)
-        self._lock = threading.Lock()
-        self._warned = False
-        self.experiment_id = ""
-        self.parent_run_id = ""
+        self.folder = folder
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.outbox = Outbox(self.client, folder / "mlflow-outbox.jsonl", study_name,
+                             dict(experiment_tags or {}), artifacts)
 
-    def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _file(self, relative: str, text: str) -> Path:
+        path = self.folder / "mlflow-files" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def _log(self, key: str, *, metrics: Mapping[str, Any] | None = None, step: int = 0,
+             params: Mapping[str, Any] | None = None,
+             tags: Mapping[str, Any] | None = None) -> None:
+        stamp = _now_ms()
+        rows = [[k, float(v), stamp, step] for k, v in (metrics or {}).items()
+                if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))]
+        self.outbox.submit({"op": "log", "run": key, "metrics": rows,
+                            "params": {k: str(v)[:6000] for k, v in (params or {}).items()},
+                            "tags": {k: str(v)[:5000] for k, v in (tags or {}).items()}})
+
+    def start_study(self, tags: Mapping[str, str], config: Mapping[str, Any],
+                    space: Mapping[str, Any], resumed: bool) -> None:
+        """The study's parent run: created once, marked running again on resume."""
+        self.outbox.submit({"op": "create_run", "key": STUDY_KEY, "name": self.study_name,
+                            "tags": {KIND_TAG: "study", STUDY_TAG: self.study_name, **tags},
+                            "start_ms": _now_ms()})
+        if resumed:
+            self.outbox.submit({"op": "status", "run": STUDY_KEY, "status": "RUNNING"})
+            return
+        flat: dict[str, str] = {}
+        _flat("", {"config": config}, flat)
+        self._log(STUDY_KEY, params=flat)
+        for name, data in (("study_config.json", config), ("search_space.json", space)):
+            path = self._file(f"study/{name}", json.dumps(data, indent=2, default=str))
+            self.outbox.submit({"op": "artifact", "run": STUDY_KEY, "path": str(path)})
+
+    def start_trial(self, number: int, params: Mapping[str, Any], derived: Mapping[str, Any],
+                    plan: Mapping[str, Any]) -> str:
+        key = trial_key(number)
+        self.outbox.submit({"op": "create_run", "key": key, "name": key, "parent": STUDY_KEY,
+                            "tags": {KIND_TAG: "trial", STUDY_TAG: self.study_name,
+                                     "optuna.trial_number": str(number),
+                                     "optuna.state": "RUNNING", "autotune.attempt": "1"},
+                            "start_ms": _now_ms()})
+        self._log(key, params={**params, **derived})
+        path = self._file(f"{key}/plan.json", json.dumps(plan, indent=2))
+        self.outbox.submit({"op": "artifact", "run": key, "path": str(path)})
+        return key
+
+    def log_start(self, key: str, report: Mapping[str, Any]) -> None:
+        self._log(key, metrics={"setup_s": report.get("setup_s")},
+                  tags={"autotune.hosts": ",".join(report.get("hosts", []))})
+
+    def log_eval(self, key: str, report: Mapping[str, Any]) -> None:
+        self._log(key, metrics={k: report[k] for k in EVAL_METRICS if k in report},
+                  step=int(report["index"]))
+
+    def end_trial(self, key: str, *, state: str, outcome: str, reason: str,
+                  metrics: Mapping[str, float], curve: Sequence[Sequence[Any]],
+                  metric: str, target: float, detail: str = "") -> None:
+        from .plots import learning_curve
+
+        tags = {"optuna.state": state, "autotune.outcome": outcome,
+                "autotune.stop_reason": reason}
+        if detail:
+            tags["autotune.detail"] = detail[:500]
+        self._log(key, metrics=metrics, tags=tags)
+        if curve:
+            title = f"{key}: {outcome}" + (f" ({reason})" if reason != outcome else "")
+            path = learning_curve(curve, metric, target, title,
+                                  self.folder / "mlflow-files" / key / "learning_curve.png")
+            self.outbox.submit({"op": "artifact", "run": key, "path": str(path)})
+        self.outbox.submit({"op": "status", "run": key, "end_ms": _now_ms(),
+                            "status": "FAILED" if outcome == "failed" else "FINISHED"})
+
+    def study_plots(self, study: Any, metric: str, target: float, final: bool = False) -> None:
+        """Refreshes the study's overview plots on the parent run."""
+        from .plots import study_plots
+
         try:
-            return fn(*args, **kwargs)
-        except Exception as e:  # MLflow down or refusing: the study goes on
-            with self._lock:
-                if not self._warned:
-                    log.warning("MLflow write failed (%s): %s; the study goes on", what,
-                                " ".join(str(e).split())[:300])
-                    self._warned = True
-            return None
-
-    def start_study(self, tags: Mapping[str, str], params: Mapping[str, Any]) -> str:
-        """Creates (or finds, on resume) the experiment and the study's parent run."""
-        c = self._client
-        exp = c.get_experiment_by_name(self.study_name)
-        if exp is None:
-            kwargs = {"artifact_location": f"{self._artifacts}/{self.study_name}"} \
-                if self._artifacts else {}
-            self.experiment_id = c.create_experiment(self.study_name, tags=dict(tags), **kwargs)
-        else:
-            self.experiment_id = exp.experiment_id
-        found = c.search_runs([self.experiment_id],
-                              filter_string=f"tags.`{KIND_TAG}` = 'study'", max_results=1)
-        if found:
-            self.parent_run_id = found[0].info.run_id
-            c.update_run(self.parent_run_id, status="RUNNING")
-        else:
-            run = c.create_run(self.experiment_id, run_name=self.study_name,
-                               tags={KIND_TAG: "study", STUDY_TAG: self.study_name, **tags})
-            self.parent_run_id = run.info.run_id
-            flat: dict[str, str] = {}
-            _flat("", params, flat)
-            self._log_params(self.parent_run_id, flat)
-        return self.parent_run_id
-
-    def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self._client.log_batch(run_id, params=items[i:i + 100])
-
-    def start_trial(self, number: int, params: Mapping[str, Any],
-                    derived: Mapping[str, Any]) -> str | None:
-        def create() -> str:
-            run = self._client.create_run(
-                self.experiment_id, run_name=f"trial-{number}",
-                tags={"mlflow.parentRunId": self.parent_run_id, KIND_TAG: "trial",
-                      STUDY_TAG: self.study_name, "optuna.trial_number": str(number),
-                      "optuna.state": "RUNNING"})
-            self._log_params(run.info.run_id, {**params, **derived})
-            return run.info.run_id
-
-        result: str | None = self._safe("start trial", create)
-        return result
-
-    def log_eval(self, run_id: str | None, report: Mapping[str, Any]) -> None:
-        if not run_id:
+            files = study_plots(study, metric, target, self.folder / "mlflow-files" / "plots",
+                                interactive=final)
+        except Exception as e:  # noqa: BLE001 - a plot is never worth stopping a study for
+            log.warning("could not draw the study plots: %s", e)
             return
-        from mlflow.entities import Metric
-
-        step = int(report["index"])
-        stamp = _now_ms()
-        metrics = [Metric(k, float(report[k]), stamp, step) for k in EVAL_METRICS
-                   if k in report and math.isfinite(float(report[k]))]
-        self._safe("log evaluation", self._client.log_batch, run_id, metrics=metrics)
-
-    def end_trial(self, run_id: str | None, *, state: str, outcome: str, reason: str,
-                  metrics: Mapping[str, float], tags: Mapping[str, str] | None = None) -> None:
-        if not run_id:
-            return
-        from mlflow.entities import Metric, RunTag
-
-        stamp = _now_ms()
-        all_tags = {"optuna.state": state, "autotune.outcome": outcome,
-                    "autotune.stop_reason": reason, **(tags or {})}
-
-        def write() -> None:
-            self._client.log_batch(
-                run_id, metrics=[Metric(k, float(v), stamp, 0) for k, v in metrics.items()
-                                 if v is not None and math.isfinite(float(v))],
-                tags=[RunTag(k, str(v)) for k, v in all_tags.items()])
-            self._client.set_terminated(run_id, "FAILED" if outcome == "failed" else "FINISHED")
-
-        self._safe("end trial", write)
+        for path in files:
+            self.outbox.submit({"op": "artifact", "run": STUDY_KEY, "path": str(path),
+                                "folder": "plots"})
 
     def end_study(self, summary: Mapping[str, Any], best_params: Mapping[str, Any]) -> None:
-        if not self.parent_run_id:
-            return
-        from mlflow.entities import Metric, RunTag
+        self._log(STUDY_KEY, metrics=summary,
+                  tags={f"best.{k}": v for k, v in best_params.items()})
+        self.outbox.submit({"op": "status", "run": STUDY_KEY, "status": "FINISHED",
+                            "end_ms": _now_ms()})
 
-        stamp = _now_ms()
+    def close(self, timeout_s: float = 60.0) -> bool:
+        """Delivers what is queued (waiting up to ``timeout_s``); False if some is left."""
+        return self.outbox.close(timeout_s)
 
-        def write() -> None:
-            self._client.log_batch(
-                self.parent_run_id,
-                metrics=[Metric(k, float(v), stamp, 0) for k, v in summary.items()
-                         if isinstance(v, (int, float)) and math.isfinite(float(v))],
-                tags=[RunTag(f"best.{k}", str(v)) for k, v in best_params.items()])
-            self._client.set_terminated(self.parent_run_id, "FINISHED")
-
-        self._safe("end study", write)
-
-
-def _now_ms() -> int:
-    import time
-
-    return int(time.time() * 1000)
+    def experiment_id(self) -> str | None:
+        try:
+            return self.outbox.experiment_id()
+        except Exception:  # noqa: BLE001 - MLflow unreachable
+            return None

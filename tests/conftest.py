@@ -24,3 +24,24 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Completed
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the session (see ``_services``)."""
+    from ._services import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def mlflow_server(postgres, tmp_path):
+    """A real `mlflow server` on a fresh PostgreSQL database, stopped after the test."""
+    from ._services import MlflowServer
+
+    server = MlflowServer(postgres.database(), tmp_path / "mlflow-artifacts")
+    server.start()
+    yield server
+    server.stop()

@@ -1,54 +1,136 @@
-"""The time-to-accuracy bound: a trial stops once it can no longer beat the best TTA."""
+"""The time-to-accuracy pruner's rules on hand-written curves, and through Optuna's store."""
 
 from __future__ import annotations
+
+import math
 
 import optuna
 import pytest
 
-from autotune.pruners import TimeToAccuracyPruner, best_tta, bound_exceeded
+from autotune.pruners import (
+    Curve,
+    Rules,
+    TimeToAccuracyPruner,
+    best_tta,
+    decide,
+    interpolate,
+    optimistic_tta,
+    rungs_crossed,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+RULES = Rules(target=0.97, chance=0.1, margin=1.0, eta=3.0, min_rung_s=2.0, min_peers=3)
 
 
-def finished(study: optuna.Study, value: float, outcome: str) -> None:
-    trial = study.ask()
-    trial.set_user_attr("outcome", outcome)
-    study.tell(trial, value)
+def curve(points, planned_s=None, reached_at=None):
+    """``points``: (t, accuracy); progress from a planned length in seconds."""
+    planned = planned_s or points[-1][0] * 4
+    return Curve(tuple(t for t, _ in points), tuple(v for _, v in points),
+                 tuple(min(t / planned, 1.0) for t, _ in points), reached_at)
 
 
-def test_bound_is_the_best_tta_times_the_margin():
-    assert not bound_exceeded(10.0, None, 1.0)        # nothing reached yet: no bound
-    assert not bound_exceeded(9.9, 10.0, 1.0)
-    assert bound_exceeded(10.1, 10.0, 1.0)
-    assert not bound_exceeded(10.1, 10.0, 1.2)
-    assert bound_exceeded(12.1, 10.0, 1.2)
+def test_interpolation_is_linear_between_evaluations_and_flat_after():
+    c = curve([(2, 0.2), (4, 0.6)])
+    assert interpolate(c, 1) is None
+    assert interpolate(c, 3) == pytest.approx(0.4)
+    assert interpolate(c, 10) == 0.6
 
 
-def test_only_trials_that_reached_the_target_set_the_bound():
+def test_bound_stops_a_trial_past_the_best_tta():
+    c = curve([(5, 0.9), (10.5, 0.95)], planned_s=40)
+    assert decide(c, [], best_tta=10.0, rules=RULES) == "bound"
+    assert decide(c, [], best_tta=15.0, rules=RULES) is None
+    assert decide(c, [], best_tta=10.0, rules=Rules(target=0.97, margin=1.3)) is None
+
+
+def test_no_best_no_bound_and_no_projection():
+    c = curve([(5, 0.3), (10, 0.31)], planned_s=200)
+    assert decide(c, [], best_tta=None, rules=RULES) is None
+
+
+def test_projection_stops_a_slow_learner_that_cannot_make_it_in_time():
+    # Error 0.7 -> 0.65 in 2 s: even twice as fast, 0.03 is hours away. Planned end is 100 s.
+    c = curve([(2, 0.30), (4, 0.35)], planned_s=100)
+    assert optimistic_tta(c, RULES) > 20
+    assert decide(c, [], best_tta=20.0, rules=RULES) == "projection"
+
+
+def test_projection_lets_a_fast_learner_continue():
+    # Error 0.5 -> 0.2 in 2 s: on that pace it meets 0.03 by about 6 s, before the best (20 s).
+    c = curve([(2, 0.5), (4, 0.8)], planned_s=100)
+    assert optimistic_tta(c, RULES) < 20
+    assert decide(c, [], best_tta=20.0, rules=RULES) is None
+
+
+def test_the_trap_a_long_schedule_behind_early_that_wins_late_survives():
+    # Short schedules look good at the 6 s rung; the long one (planned end 16 s) is behind
+    # because its LR is still high, but its schedule ends before the best TTA of 18 s: it can
+    # still win at the end of its decay, so neither the rung nor the projection stops it.
+    short = [curve([(2, 0.6), (4, 0.8), (6, 0.9), (8, 0.95)], planned_s=9) for _ in range(3)]
+    long = curve([(2, 0.3), (4, 0.45), (6, 0.55)], planned_s=16)
+    assert rungs_crossed(4, 6, RULES) == [6.0]
+    assert decide(long, short, best_tta=18.0, rules=RULES) is None
+    # The same curve planned far past the best TTA is hopeless: the projection stops it.
+    hopeless = curve([(2, 0.3), (4, 0.45), (6, 0.55)], planned_s=120)
+    assert decide(hopeless, short, best_tta=18.0, rules=RULES) == "projection"
+
+
+def test_rung_stops_the_bottom_of_trials_compared_at_equal_time():
+    peers = [curve([(2, v), (6, v + 0.2), (18, v + 0.3)], planned_s=60)
+             for v in (0.5, 0.6, 0.55)]
+    behind = curve([(2, 0.2), (6.5, 0.3)], planned_s=60)
+    ahead = curve([(2, 0.6), (6.5, 0.85)], planned_s=60)
+    # No best yet: the bound and the projection are silent; the 6 s rung decides.
+    assert decide(behind, peers, best_tta=None, rules=RULES) == "rung"
+    assert decide(ahead, peers, best_tta=None, rules=RULES) is None
+
+
+def test_rung_needs_enough_peers():
+    peers = [curve([(2, 0.5), (6, 0.7)], planned_s=60)]
+    behind = curve([(2, 0.2), (6.5, 0.3)], planned_s=60)
+    assert decide(behind, peers, best_tta=None, rules=RULES) is None
+
+
+def test_divergence_nan_loss_or_chance_accuracy_after_a_share_of_the_schedule():
+    c = curve([(2, 0.5)], planned_s=20)
+    assert decide(c, [], None, RULES, loss=math.nan) == "diverged"
+    assert decide(c, [], None, RULES, loss=math.inf) == "diverged"
+    early_chance = curve([(2, 0.1)], planned_s=20)                 # 10% in: give it time
+    assert decide(early_chance, [], None, RULES) is None
+    late_chance = curve([(2, 0.1), (8, 0.11)], planned_s=20)       # 40% in, still guessing
+    assert decide(late_chance, [], None, RULES) == "diverged"
+
+
+def test_best_tta_counts_only_trials_that_reached_the_target():
     study = optuna.create_study()
-    finished(study, 4.0, "censored")                  # stopped early: TTA > 4 s, not 4 s
-    finished(study, 12.0, "reached")
-    finished(study, 9.0, "reached")
+    for value, outcome in ((4.0, "censored"), (12.0, "reached"), (9.0, "reached")):
+        trial = study.ask()
+        trial.set_user_attr("outcome", outcome)
+        study.tell(trial, value)
     assert best_tta(study.trials) == 9.0
 
 
-def test_pruner_reads_elapsed_time_and_best_tta_from_the_study_store():
+def test_optuna_pruner_decides_from_the_store_alike_in_every_process():
     storage = optuna.storages.InMemoryStorage()
-    study = optuna.create_study(storage=storage, pruner=TimeToAccuracyPruner(margin=1.1))
-    finished(study, 10.0, "reached")
+    pruner = TimeToAccuracyPruner(0.97, margin=1.3)
+    study = optuna.create_study(storage=storage, pruner=pruner)
+    done = study.ask()
+    done.set_user_attr("outcome", "reached")
+    study.tell(done, 10.0)
     trial = study.ask()
-    trial.report(0.5, step=0)
+    trial.set_user_attr("curve", [[5.0, 0.9, 1.0, 0.5, 0.3], [10.5, 0.95, 1.0, 0.9, 0.2]])
     trial.set_user_attr("elapsed_s", 10.5)
-    assert not trial.should_prune()                   # within the 10% margin
-    # Another process (a second Study object on the same store) makes the same decision.
-    other = optuna.load_study(study_name=study.study_name, storage=storage,
-                              pruner=TimeToAccuracyPruner(margin=1.1))
-    trial.set_user_attr("elapsed_s", 11.5)
+    assert not trial.should_prune()                         # within the 30% margin
+    trial.set_user_attr("curve", [[5.0, 0.9, 1.0, 0.4, 0.3], [13.5, 0.95, 1.0, 0.9, 0.2]])
     assert trial.should_prune()
-    assert other.pruner.prune(other, other.trials[-1])
-    assert other.pruner.deadline(other) == pytest.approx(11.0)
+    other = optuna.load_study(study_name=study.study_name, storage=storage,
+                              pruner=TimeToAccuracyPruner(0.97, margin=1.3))
+    assert other.pruner.decide(other, other.trials[-1]) == "bound"
+    assert other.pruner.deadline(other) == pytest.approx(13.0)
 
 
-def test_margin_below_one_is_refused():
+def test_bad_pruner_settings_are_refused():
     with pytest.raises(ValueError, match="margin must be >= 1.0"):
-        TimeToAccuracyPruner(0.5)
+        TimeToAccuracyPruner(0.9, margin=0.5)
+    with pytest.raises(ValueError, match="metric must be top1 or top5"):
+        TimeToAccuracyPruner(0.9, metric="top3")

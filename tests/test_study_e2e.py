@@ -24,7 +24,7 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     out = first.stdout
     assert out.count("[trial ") == 2
     assert "best: trial 0" in out                       # the warm start reaches 97% top-1
-    assert f"mlflow ui --backend-store-uri sqlite:///{mlruns / 'mlflow.db'}" in out
+    assert f"autotune ui --tracking-uri {mlruns} --study quickstart" in out
 
     study = optuna.load_study(study_name="quickstart", storage=storage)
     trials = study.trials
@@ -82,3 +82,39 @@ def test_a_space_written_from_the_readme_runs_a_study(tmp_path):
     params = trial.user_attrs["params"]               # the warm start, with its derived warmup
     assert params["global_batch"] == 128 and params["warmup_epochs"] == 0.5
     assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+
+
+def _tinted_tree(root: Path, classes: int, per_class: int, val: int) -> None:
+    """A user's own ImageFolder tree: each class a color, with noise, as JPEGs."""
+    import torch
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(0)
+    for split, n in (("train", per_class), ("val", val)):
+        for c in range(classes):
+            folder = root / split / f"class_{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                img = torch.rand(40, 40, 3, generator=gen) * 0.5
+                img[..., c % 3] += 0.5 if c < 3 else 0.25
+                Image.fromarray((img.clamp(0, 1) * 255).byte().numpy()).save(
+                    folder / f"{i}.JPEG")
+
+
+def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
+    _tinted_tree(tmp_path / "my_images", classes=4, per_class=150, val=25)
+    (tmp_path / "study.yaml").write_text(
+        "study_name: my-images\n"
+        "trainer:\n"
+        "  data: {kind: imagefolder, path: my_images, image_size: 32, loader_workers: 1}\n"
+        "target: {metric: top1, value: 0.9}\n"
+        "budget: {n_trials: 2, max_trial_s: 12}\n")
+    result = run_cli("start", "study", "study.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = optuna.load_study(study_name="my-images",
+                              storage=f"sqlite:///{tmp_path / 'autotune.db'}")
+    assert len(study.trials) == 2
+    first = study.trials[0]
+    assert first.user_attrs["outcome"] in ("reached", "censored")
+    assert len(first.user_attrs["curve"]) >= 2
+    assert first.user_attrs["best_metric"] > 0.5          # 4 classes: chance is 0.25

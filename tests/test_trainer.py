@@ -2,62 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from autotune.launch import (
-    ReportChannel,
-    TrainerProcess,
-    deepspeed_command,
-    free_port,
-    trainer_env,
-    trainer_path,
-)
-from autotune.plan import Hardware, resolve
 from trainers.schedule import lr_at
+
+from ._drive import drive, make_plan
 
 EVAL_FIELDS = {"index", "elapsed_s", "epoch", "step", "samples", "top1", "top5", "loss", "lr",
                "images_per_s"}
 
 
-def make_plan(trainer: dict[str, Any] | None = None, **params: Any) -> dict[str, Any]:
-    sampled = {"global_batch": 128, "lr_per_256": 0.04, "epochs": 3, "decay": "linear",
-               "warmup_epochs": 1.0, **params}
-    trainer = {"model": "resnet18", "data": {"kind": "digits"}, **(trainer or {})}
-    return resolve(sampled, trainer=trainer,
-                   train_size=1437, hardware=Hardware(world_size=2),
-                   target={"metric": "top1", "value": 0.999}, max_seconds=120)
-
-
-def drive(plan: dict[str, Any], tmp_path: Path,
-          answer: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Runs ``plan`` on 2 ranks and answers each report with ``answer``; returns all messages."""
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    channel = ReportChannel()
-    command = deepspeed_command(trainer_path("image_classifier"), tmp_path / "plan.json",
-                                channel.address, ranks=2, master_port=free_port())
-    process = TrainerProcess(command, trainer_env("cpu", 1), tmp_path / "trainer.log")
-    seen = []
-    for msg in channel.messages(process, time.monotonic() + 300):
-        seen.append(msg)
-        channel.reply({"action": "ack"} if msg["type"] == "end" else answer(msg))
-    channel.close()
-    assert process.wait() == 0, process.tail(20)
-    return seen
-
-
-def go(msg: dict[str, Any]) -> dict[str, Any]:
-    return {"action": "continue", "reason": "", "deadline_s": None}
-
-
 def test_reports_every_epoch_and_follows_the_planned_schedule(tmp_path):
     plan = make_plan()
-    messages = drive(plan, tmp_path, go)
+    messages = drive(plan, tmp_path)
     kinds = [m["type"] for m in messages]
     assert kinds == ["start", "eval", "eval", "eval", "end"]
     evals = messages[1:-1]
@@ -94,14 +51,14 @@ def test_a_deadline_stops_the_trial_between_evaluations(tmp_path):
 
 
 def test_a_diverging_lr_is_reported_as_diverged(tmp_path):
-    messages = drive(make_plan(lr_per_256=1e9, warmup_epochs=0.0), tmp_path, go)
+    messages = drive(make_plan(lr_per_256=1e9, warmup_epochs=0.0), tmp_path)
     end = messages[-1]
     assert end["reason"] == "diverged"
     assert end["evals"] == 0 and end["steps"] < 11      # long before the first evaluation
 
 
 def test_evaluations_every_k_seconds_come_between_epoch_ends(tmp_path):
-    messages = drive(make_plan({"eval_every_s": 0.5}, epochs=2), tmp_path, go)
+    messages = drive(make_plan({"eval_every_s": 0.5}, epochs=2), tmp_path)
     evals = [m for m in messages if m["type"] == "eval"]
     assert len(evals) >= 4                  # two epochs of about 2 s each, plus the last step
     assert any(m["step"] % 11 for m in evals)

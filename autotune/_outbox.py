@@ -1,0 +1,205 @@
+"""Delivers MLflow writes in order, surviving an MLflow that is down for a while.
+
+Every write is an operation (a JSON-ready dict) appended to a spool file on disk before any
+delivery is tried; a background thread delivers operations in order and removes them from the
+spool only once MLflow has accepted them. If MLflow is unreachable, the thread backs off and
+tries again; if the process dies, the next one for the same study delivers what is left.
+
+Nothing is lost and nothing is written twice: runs are created under a key (the tag
+``autotune.run_key``) and found again by it before any new run is created, metrics carry their
+own timestamps (MLflow stores an identical metric once), and params and tags are idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Outbox", "RUN_KEY_TAG"]
+
+log = logging.getLogger(__name__)
+RUN_KEY_TAG = "autotune.run_key"
+_MAX_BACKOFF_S = 30.0
+
+
+class Outbox:
+    """An ordered, persistent queue of MLflow operations, delivered by a background thread."""
+
+    def __init__(self, client: Any, spool: Path, experiment: str,
+                 experiment_tags: dict[str, str] | None = None,
+                 artifact_location: str | None = None) -> None:
+        self._client = client
+        self._spool = spool
+        self._experiment = experiment
+        self._experiment_tags = dict(experiment_tags or {})
+        self._artifact_location = artifact_location
+        self._experiment_id: str | None = None
+        self._lock = threading.Condition()
+        self._pending: list[dict[str, Any]] = self._load()
+        self._runs: dict[str, str] = {}
+        self._failing_since: float | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._deliver_forever, daemon=True,
+                                        name="autotune-mlflow")
+        self._thread.start()
+
+    # -- queue --------------------------------------------------------------------------------
+    def _load(self) -> list[dict[str, Any]]:
+        if not self._spool.is_file():
+            return []
+        ops = []
+        for line in self._spool.read_text().splitlines():
+            try:
+                ops.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash mid-write: its operation never returned
+        return ops
+
+    def _save(self) -> None:
+        self._spool.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._spool.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(op) + "\n" for op in self._pending))
+        os.replace(tmp, self._spool)
+
+    def submit(self, op: dict[str, Any]) -> None:
+        """Queues ``op``; it is on disk when this returns."""
+        with self._lock:
+            self._pending.append(op)
+            self._spool.parent.mkdir(parents=True, exist_ok=True)
+            with self._spool.open("a") as f:
+                f.write(json.dumps(op) + "\n")
+            self._lock.notify_all()
+
+    @property
+    def spool(self) -> Path:
+        return self._spool
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Waits until everything is delivered or ``timeout_s`` passes; True when delivered."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._lock.notify_all()
+            while self._pending and time.monotonic() < deadline:
+                self._lock.wait(min(0.2, max(deadline - time.monotonic(), 0.01)))
+            return not self._pending
+
+    def close(self, timeout_s: float = 30.0) -> bool:
+        delivered = self.flush(timeout_s)
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._thread.join(5)
+        return delivered
+
+    # -- delivery -----------------------------------------------------------------------------
+    def _deliver_forever(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    self._lock.wait()
+                if self._closed and not self._pending:
+                    return
+                op = self._pending[0]
+            try:
+                self._apply(op)
+            except Exception as e:  # noqa: BLE001 - MLflow down or refusing: retry later
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                    log.warning("MLflow is unreachable (%s); records are kept in %s and "
+                                "delivered when it is back", " ".join(str(e).split())[:200],
+                                self._spool)
+                with self._lock:
+                    if self._closed:
+                        return
+                    self._lock.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                continue
+            if self._failing_since is not None:
+                log.warning("MLflow is back after %.0f s; delivering the kept records",
+                            time.monotonic() - self._failing_since)
+                self._failing_since = None
+            backoff = 0.5
+            with self._lock:
+                self._pending.pop(0)
+                self._save()
+                self._lock.notify_all()
+
+    def run_id(self, key: str) -> str:
+        """The MLflow run id of run ``key`` (created by an earlier ``create_run``)."""
+        if key not in self._runs:
+            found = self._client.search_runs(
+                [self.experiment_id()], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
+                max_results=1)
+            if not found:
+                raise LookupError(f"no MLflow run with key {key!r} yet")
+            self._runs[key] = found[0].info.run_id
+        return self._runs[key]
+
+    def experiment_id(self) -> str:
+        """The study's experiment, created on first use."""
+        if self._experiment_id is None:
+            exp = self._client.get_experiment_by_name(self._experiment)
+            if exp is not None:
+                self._experiment_id = str(exp.experiment_id)
+            else:
+                kwargs = {}
+                if self._artifact_location:
+                    kwargs["artifact_location"] = f"{self._artifact_location}/{self._experiment}"
+                self._experiment_id = str(self._client.create_experiment(
+                    self._experiment, tags=self._experiment_tags, **kwargs))
+        return self._experiment_id
+
+    def _apply(self, op: dict[str, Any]) -> None:
+        handler: Callable[[dict[str, Any]], None] = getattr(self, f"_op_{op['op']}")
+        handler(op)
+
+    def _op_create_run(self, op: dict[str, Any]) -> None:
+        key = op["key"]
+        try:
+            self.run_id(key)
+            return  # created before (perhaps by a delivery whose answer was lost)
+        except LookupError:
+            pass
+        tags = dict(op.get("tags") or {})
+        parent = op.get("parent")
+        if parent:
+            tags["mlflow.parentRunId"] = self.run_id(parent)
+        tags[RUN_KEY_TAG] = key
+        run = self._client.create_run(self.experiment_id(), run_name=op.get("name"),
+                                      tags=tags, start_time=op.get("start_ms"))
+        self._runs[key] = run.info.run_id
+
+    def _op_log(self, op: dict[str, Any]) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        run_id = self.run_id(op["run"])
+        metrics = [Metric(k, v, ts, step) for k, v, ts, step in op.get("metrics", [])]
+        params = [Param(k, v) for k, v in op.get("params", {}).items()]
+        tags = [RunTag(k, v) for k, v in op.get("tags", {}).items()]
+        for i in range(0, max(len(metrics), len(params), len(tags), 1), 100):
+            self._client.log_batch(run_id, metrics=metrics[i:i + 100],
+                                   params=params[i:i + 100], tags=tags[i:i + 100])
+
+    def _op_artifact(self, op: dict[str, Any]) -> None:
+        path = Path(op["path"])
+        if path.is_file():
+            self._client.log_artifact(self.run_id(op["run"]), str(path), op.get("folder"))
+
+    def _op_status(self, op: dict[str, Any]) -> None:
+        run_id = self.run_id(op["run"])
+        if op["status"] == "RUNNING":
+            self._client.update_run(run_id, status="RUNNING")
+        else:
+            self._client.set_terminated(run_id, op["status"], end_time=op.get("end_ms"))

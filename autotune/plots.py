@@ -1,0 +1,168 @@
+"""Pictures for the MLflow review: a trial's learning curve, and the study's overview plots.
+
+Pure functions from data to files (matplotlib, Agg backend); Optuna's interactive plotly
+pages as well where plotly is installed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import optuna  # noqa: E402
+from optuna.trial import FrozenTrial, TrialState  # noqa: E402
+
+__all__ = ["learning_curve", "study_plots"]
+
+_INDEX = {"top1": 1, "top5": 2}
+
+
+def learning_curve(rows: Sequence[Sequence[Any]], metric: str, target: float, title: str,
+                   path: Path) -> Path:
+    """Accuracy against elapsed seconds, with the target line."""
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    times = [r[0] for r in rows]
+    ax.plot(times, [r[_INDEX[metric]] for r in rows], marker="o", label=f"validation {metric}")
+    ax.axhline(target, color="tab:red", linestyle="--", label=f"target {target:g}")
+    ax.set_xlabel("elapsed seconds (training + evaluation)")
+    ax.set_ylabel(metric)
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _ran(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    return [t for t in trials if t.state == TrialState.COMPLETE
+            and t.user_attrs.get("outcome") in ("reached", "censored", "failed")]
+
+
+def _tta_vs_batch(trials: Sequence[FrozenTrial], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    styles = {"reached": ("o", "tab:green", "reached: TTA"),
+              "censored": ("^", "tab:gray", "censored: TTA > elapsed"),
+              "failed": ("x", "tab:red", "failed")}
+    for outcome, (marker, color, label) in styles.items():
+        pts = [(t.user_attrs.get("params", {}).get("global_batch"), t.value) for t in trials
+               if t.user_attrs.get("outcome") == outcome and t.value is not None]
+        pts = [(b, v) for b, v in pts if b]
+        if pts:
+            ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("global batch")
+    ax.set_ylabel("seconds")
+    ax.set_title("time to accuracy against batch size")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def _history(trials: Sequence[FrozenTrial], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    reached = [(t.number, float(t.value)) for t in trials
+               if t.user_attrs.get("outcome") == "reached" and t.value is not None]
+    if reached:
+        ax.scatter(*zip(*reached, strict=True), color="tab:green", label="reached")
+        best, xs, ys = math.inf, [], []
+        for n, v in sorted(reached):
+            best = min(best, v)
+            xs.append(n)
+            ys.append(best)
+        ax.step(xs, ys, where="post", color="black", label="best so far")
+    censored = [(t.number, t.value) for t in trials if t.user_attrs.get("outcome") == "censored"]
+    if censored:
+        ax.scatter(*zip(*censored, strict=True), marker="^", color="tab:gray",
+                   label="censored (TTA > value)")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("seconds")
+    ax.set_title("optimization history")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def _overlay(trials: Sequence[FrozenTrial], metric: str, target: float, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for t in trials:
+        rows = t.user_attrs.get("curve") or []
+        if rows:
+            outcome = t.user_attrs.get("outcome")
+            ax.plot([r[0] for r in rows], [r[_INDEX[metric]] for r in rows],
+                    color="tab:green" if outcome == "reached" else "tab:gray",
+                    alpha=0.9 if outcome == "reached" else 0.5, linewidth=1.2)
+    ax.axhline(target, color="tab:red", linestyle="--", label=f"target {target:g}")
+    ax.set_xlabel("elapsed seconds")
+    ax.set_ylabel(metric)
+    ax.set_ylim(0, 1.02)
+    ax.set_title("accuracy against time, all trials (green: reached)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, path)
+
+
+def _importance(study: optuna.Study, path: Path) -> Path | None:
+    """Parameter importance for the trials' values (TTA or censored elapsed)."""
+    try:
+        importances = optuna.importance.get_param_importances(study)
+    except (ValueError, RuntimeError):
+        return None  # too few trials, or no variation yet
+    if not importances:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    names = list(importances)[::-1]
+    ax.barh(names, [importances[n] for n in names], color="tab:blue")
+    ax.set_xlabel("importance (fANOVA) for the trial value")
+    ax.set_title("parameter importance")
+    return _save(fig, path)
+
+
+def study_plots(study: optuna.Study, metric: str, target: float, folder: Path,
+                interactive: bool = False) -> list[Path]:
+    """Writes the study's overview plots into ``folder``; returns the files written.
+
+    ``interactive`` adds Optuna's plotly pages (self-contained, so they open offline; a few
+    MB each, hence only at the end of a study)."""
+    trials = _ran(study.get_trials(deepcopy=False))
+    if not trials:
+        return []
+    files = [_tta_vs_batch(trials, folder / "tta_vs_batch.png"),
+             _history(trials, folder / "optimization_history.png"),
+             _overlay(trials, metric, target, folder / "accuracy_vs_time.png")]
+    importance = _importance(study, folder / "param_importance.png")
+    if importance:
+        files.append(importance)
+    if interactive:
+        files += _plotly_pages(study, folder)
+    return files
+
+
+def _plotly_pages(study: optuna.Study, folder: Path) -> list[Path]:
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        return []
+    pages = []
+    vis = optuna.visualization
+    for name, make in (("optimization_history.html", vis.plot_optimization_history),
+                       ("param_importances.html", vis.plot_param_importances)):
+        try:
+            make(study).write_html(str(folder / name), include_plotlyjs=True)
+        except (ValueError, RuntimeError):
+            continue
+        pages.append(folder / name)
+    return pages

@@ -1,0 +1,117 @@
+"""The pruning rules, as pure functions of curves and the best time-to-accuracy.
+
+Each rule answers one question about a running trial and returns a stop reason or None:
+
+* ``diverged``: the loss is NaN or infinite, or accuracy is still at chance after a set share
+  of the planned schedule;
+* ``bound``: its elapsed time has passed the best TTA (times a margin): it cannot win;
+* ``projection``: even an optimistic projection of its TTA is later than the best TTA;
+* ``rung``: at wall-clock rungs (``min_rung_s`` x eta^k seconds) it is in the bottom
+  1 - 1/eta of the trials that got there, compared at equal elapsed time, as ASHA does
+  asynchronously, unless its projection says it can still win (a long schedule that is behind
+  early and wins late survives).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._curves import Curve, interpolate
+
+__all__ = ["Rules", "decide", "optimistic_tta", "rungs_crossed"]
+
+
+@dataclass(frozen=True)
+class Rules:
+    target: float                 # the accuracy to reach
+    chance: float = 0.1           # accuracy of guessing (1/classes for top-1, 5/classes top-5)
+    margin: float = 1.0           # bound and projection stop past margin x best TTA
+    eta: float = 3.0              # rung spacing and reduction factor
+    min_rung_s: float = 2.0       # first rung, in elapsed seconds
+    min_peers: int = 3            # trials needed at a rung before it decides anything
+    diverge_after: float = 0.3    # share of the schedule after which chance accuracy diverged
+    optimism: float = 2.0         # projection assumes progress this much faster than observed
+    end_gain: float = 1.0         # accuracy the rest of a schedule can add: end_gain x sqrt(left)
+
+
+def optimistic_tta(curve: Curve, rules: Rules) -> float:
+    """The earliest time this trial could plausibly reach the target.
+
+    Two ways to get there: its error keeps falling (log error linear in time, ``optimism``
+    times faster than over its last evaluations), or the end of its planned schedule, where the
+    LR has decayed, brings the rest (plausible when the gap left is at most
+    ``end_gain x sqrt(share of schedule left)``).
+    """
+    if curve.reached_at is not None:
+        return curve.reached_at
+    if not curve.times:
+        return math.inf
+    now, value = curve.times[-1], curve.values[-1]
+    if value >= rules.target:
+        return now
+    best = math.inf
+    progress = curve.progress[-1] if curve.progress else 0.0
+    if progress > 0 and rules.target - value <= rules.end_gain * math.sqrt(max(1 - progress, 0)):
+        best = curve.planned_end()
+    if len(curve.times) >= 2:
+        (t0, v0), (t1, v1) = (curve.times[-2], curve.values[-2]), (now, value)
+        e0, e1, et = (max(1 - v, 1e-6) for v in (v0, v1, rules.target))
+        if t1 > t0 and e1 < e0:
+            slope = (math.log(e1) - math.log(e0)) / (t1 - t0) * rules.optimism
+            best = min(best, now + (math.log(et) - math.log(e1)) / slope)
+    return best
+
+
+def rungs_crossed(before: float, now: float, rules: Rules) -> list[float]:
+    """Rung times in (before, now]."""
+    found, t = [], rules.min_rung_s
+    while t <= now:
+        if t > before:
+            found.append(t)
+        t *= rules.eta
+    return found
+
+
+def _rung(curve: Curve, others: Sequence[Curve], rules: Rules) -> bool:
+    before = curve.times[-2] if len(curve.times) >= 2 else 0.0
+    for t in rungs_crossed(before, curve.elapsed, rules):
+        mine = interpolate(curve, t)
+        peers = [v for v in (interpolate(o, t) for o in others
+                             if o.elapsed >= t or o.reached_at is not None) if v is not None]
+        if mine is None or len(peers) < rules.min_peers:
+            continue
+        ranked = sorted([*peers, mine], reverse=True)
+        keep = max(1, math.floor(len(ranked) / rules.eta))
+        if mine < ranked[keep - 1]:
+            return True
+    return False
+
+
+def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules: Rules,
+           loss: float | None = None) -> str | None:
+    """The reason to stop this trial now, or None to let it go on."""
+    if loss is not None and not math.isfinite(loss):
+        return "diverged"
+    progress = curve.progress[-1] if curve.progress else 0.0
+    if curve.values and progress >= rules.diverge_after \
+            and curve.values[-1] <= rules.chance * 1.5:
+        return "diverged"
+    if curve.reached_at is not None or not curve.times:
+        return None
+    deadline = None if best_tta is None else best_tta * rules.margin
+    if deadline is not None and curve.elapsed > deadline:
+        return "bound"
+    projected = optimistic_tta(curve, rules)
+    if deadline is not None and projected > deadline and len(curve.times) >= 2:
+        return "projection"
+    if _rung(curve, others, rules):
+        # The trap: a long schedule is behind early and wins late. It survives while its
+        # optimistic TTA beats the best TTA, or, before any trial reached the target, the best
+        # any other trial could still do.
+        horizon = deadline if deadline is not None else min(
+            (optimistic_tta(o, rules) for o in others), default=math.inf)
+        if projected > horizon:
+            return "rung"
+    return None

@@ -1,0 +1,73 @@
+"""The Optuna pruner: the pure rules, fed from the study store so any worker decides alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from ._curves import Curve
+from ._rules import Rules, decide
+
+__all__ = ["TimeToAccuracyPruner", "best_tta", "CURVE_KEY", "ELAPSED_KEY", "OUTCOME_KEY"]
+
+OUTCOME_KEY = "outcome"      # user attr: reached | censored | failed | infeasible
+ELAPSED_KEY = "elapsed_s"    # user attr: the trial's latest elapsed seconds
+CURVE_KEY = "curve"          # user attr: rows [elapsed_s, top1, top5, progress, loss]
+_METRIC_INDEX = {"top1": 1, "top5": 2}
+
+
+def best_tta(trials: Iterable[FrozenTrial]) -> float | None:
+    """The smallest TTA among trials that reached the target, or None."""
+    values = [t.value for t in trials if t.state == TrialState.COMPLETE
+              and t.user_attrs.get(OUTCOME_KEY) == "reached" and t.value is not None]
+    return min(values) if values else None
+
+
+class TimeToAccuracyPruner(optuna.pruners.BasePruner):
+    """Stops trials that cannot beat the best time-to-accuracy (see ``_rules``).
+
+    Everything it reads lives in the study store (each trial's curve and outcome), so every
+    worker, and a restarted one, reaches the same decision.
+    """
+
+    def __init__(self, target: float = 1.0, *, metric: str = "top1", num_classes: int = 10,
+                 margin: float = 1.0, eta: float = 3.0, min_rung_s: float = 2.0,
+                 min_peers: int = 3, rules: bool = True) -> None:
+        if margin < 1.0:
+            raise ValueError(f"margin must be >= 1.0, got {margin}")
+        if metric not in _METRIC_INDEX:
+            raise ValueError(f"metric must be top1 or top5, got {metric!r}")
+        chance = min(1.0, (1 if metric == "top1" else 5) / max(num_classes, 1))
+        self.rules = Rules(target=target, chance=chance, margin=margin, eta=eta,
+                           min_rung_s=min_rung_s, min_peers=min_peers)
+        self.metric = metric
+        self.margin = margin
+        self.full = rules  # False: the time bound only
+
+    def deadline(self, study: optuna.Study) -> float | None:
+        best = best_tta(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        return None if best is None else best * self.margin
+
+    def _curve(self, trial: FrozenTrial) -> Curve:
+        reached = trial.value if trial.user_attrs.get(OUTCOME_KEY) == "reached" else None
+        return Curve.of(trial.user_attrs.get(CURVE_KEY, []), _METRIC_INDEX[self.metric], reached)
+
+    def decide(self, study: optuna.Study, trial: FrozenTrial) -> str | None:
+        """The reason to stop ``trial`` now (bound, projection, rung, diverged), or None."""
+        trials = study.get_trials(deepcopy=False)
+        best = best_tta(trials)
+        curve = self._curve(trial)
+        if not self.full:
+            deadline = None if best is None else best * self.margin
+            elapsed = float(trial.user_attrs.get(ELAPSED_KEY, curve.elapsed))
+            return "bound" if deadline is not None and elapsed > deadline else None
+        others = [self._curve(t) for t in trials if t.number != trial.number
+                  and t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED)]
+        rows = trial.user_attrs.get(CURVE_KEY, [])
+        loss = rows[-1][4] if rows and len(rows[-1]) > 4 else None
+        return decide(curve, others, best, self.rules, loss)
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return self.decide(study, trial) is not None

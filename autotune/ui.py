@@ -1,0 +1,85 @@
+"""`autotune ui`: the MLflow UI on a study's store, bound to 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from .config import resolve_tracking_uri
+from .errors import ConfigError
+
+__all__ = ["experiment_url", "serve"]
+
+
+def experiment_url(base: str, experiment_id: str) -> str:
+    """The page of an experiment's runs (MLflow 3 opens experiments in another view)."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
+
+
+def _experiment_id(uri: str, study: str | None) -> str | None:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    if study:
+        exp = client.get_experiment_by_name(study)
+        if exp is None:
+            names = [e.name for e in client.search_experiments() if e.name != "Default"]
+            raise ConfigError(f"no study {study!r} in {uri}; studies there: "
+                              f"{', '.join(names) or 'none'}")
+        return str(exp.experiment_id)
+    studies = [e for e in client.search_experiments() if e.name != "Default"]
+    return str(studies[0].experiment_id) if len(studies) == 1 else None
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConfigError(f"the MLflow UI exited with code {process.returncode}; is port "
+                              f"{url.rsplit(':', 1)[-1]} taken? Try --port")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.5)
+    raise ConfigError(f"the MLflow UI did not answer at {url} within {timeout_s:.0f} s")
+
+
+def serve(tracking_uri: str, study: str | None, host: str, port: int,
+          echo: Callable[[str], None] = print) -> int:
+    """Starts the MLflow UI and prints the study's page; runs until interrupted."""
+    uri, _ = resolve_tracking_uri(tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        exp = _experiment_id(uri, study)
+        echo(experiment_url(uri, exp) if exp else uri)
+        return 0
+    if uri.startswith("sqlite:///") and not _exists(uri):
+        raise ConfigError(f"no MLflow store at {tracking_uri}; run a study first, or give "
+                          "--tracking-uri")
+    exp = _experiment_id(uri, study)
+    base = f"http://{host}:{port}"
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+               "--host", host, "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_healthy(base, process, 120)
+        echo(f"MLflow UI for {tracking_uri}: {experiment_url(base, exp) if exp else base}")
+        echo("press Ctrl-C to stop it")
+        process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(10)
+    return 0
+
+
+def _exists(sqlite_uri: str) -> bool:
+    from pathlib import Path
+
+    return Path(sqlite_uri.removeprefix("sqlite:///")).is_file()

@@ -1,0 +1,294 @@
+"""Search efficiency: how much compute each tuner spends to find a fast configuration.
+
+    python benchmarks/search_efficiency.py record [--n 36] [--max-seconds 40]
+    python benchmarks/search_efficiency.py compare [--seeds 20]
+
+``record`` trains a random sample of quickstart configurations for real (the deepspeed
+launcher, 2 CPU ranks, digits), each over its whole planned length with no pruning, and
+stores every learning curve (accuracy against elapsed seconds, per epoch) in
+``benchmarks/data/quickstart_curves.jsonl``.
+
+``compare`` replays studies on a simulated clock against those curves: a proposed
+configuration trains as its nearest recorded one, and its training returns the recorded
+evaluations up to the moment a pruner stops it; each trial also pays its recorded launch and
+setup overhead. Methods: autotune (TPE with constraints + TimeToAccuracyPruner), TPE +
+MedianPruner and TPE + SuccessiveHalvingPruner (both on epoch steps), TPE without pruning,
+random search without pruning. The baselines tell a trial that missed the target the
+documented penalty value (twice the longest recorded trial), and pruned trials as PRUNED.
+
+Metric: compute seconds spent until a trial has reached the target within 10% of the best TTA
+in the table (median over seeds), and the best TTA found within a fixed compute budget.
+The last line: ``autotune_median_s=X random_ratio=R tpe_median_ratio=T tpe_sha_ratio=S
+tpe_nopruning_ratio=U``, each ratio a method's median compute over autotune's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import optuna  # noqa: E402
+
+from autotune.objective import TrialResult, tell_result  # noqa: E402
+from autotune.pruners import CURVE_KEY, ELAPSED_KEY, TimeToAccuracyPruner  # noqa: E402
+from autotune.space import InfeasiblePoint, SearchSpace, load_space  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data" / "quickstart_curves.jsonl"
+TARGET = 0.97
+WORLD = 2
+MAX_TRIALS = 120            # a replayed study that has not found a good config by then stops
+BUDGET_S = 300.0            # compute budget for "best TTA found within a budget"
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore")
+
+
+# -- record -------------------------------------------------------------------------------------
+def _sample_configs(space: SearchSpace, n: int, seed: int) -> list[dict[str, Any]]:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    configs: list[dict[str, Any]] = []
+    while len(configs) < n:
+        trial = study.ask()
+        try:
+            configs.append(space.sample(trial))
+            study.tell(trial, 0.0)
+        except InfeasiblePoint:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return configs
+
+
+def _run_full(params: dict[str, Any], max_seconds: float, folder: Path) -> dict[str, Any]:
+    from autotune.launch import (
+        ReportChannel,
+        TrainerProcess,
+        deepspeed_command,
+        free_port,
+        trainer_env,
+        trainer_path,
+    )
+    from autotune.plan import Hardware, resolve
+
+    plan = resolve(params, trainer={"model": "resnet18", "data": {"kind": "digits"}},
+                   train_size=1437, hardware=Hardware(world_size=WORLD),
+                   target={"metric": "top1", "value": 1.01}, max_seconds=max_seconds)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plan.json").write_text(json.dumps(plan))
+    channel = ReportChannel()
+    command = deepspeed_command(trainer_path("image_classifier"), folder / "plan.json",
+                                channel.address, ranks=WORLD, master_port=free_port())
+    start = time.perf_counter()
+    process = TrainerProcess(command, trainer_env("cpu", 1), folder / "trainer.log")
+    curve, end = [], {}
+    for msg in channel.messages(process, time.monotonic() + max_seconds * 3 + 240):
+        if msg["type"] == "eval":
+            curve.append([round(msg["elapsed_s"], 3), msg["top1"], msg["top5"],
+                          round(msg["epoch"] / plan["epochs"], 4), msg["loss"]])
+        if msg["type"] == "end":
+            end = msg
+        channel.reply({"action": "ack"} if msg["type"] == "end" else
+                      {"action": "continue", "reason": "", "deadline_s": None})
+    channel.close()
+    process.wait()
+    wall = time.perf_counter() - start
+    reached = next((row[0] for row in curve if row[1] >= TARGET), None)
+    elapsed = float(end.get("elapsed_s", curve[-1][0] if curve else 0.0))
+    return {"params": params, "curve": curve, "reached_at": reached, "end_reason": end.get(
+        "reason", "crashed"), "elapsed_s": elapsed, "overhead_s": round(wall - elapsed, 3),
+        "epochs": plan["epochs"]}
+
+
+def record(n: int, max_seconds: float, seed: int) -> None:
+    space = load_space("quickstart", world_size=WORLD)
+    configs = _sample_configs(space, n, seed)
+    DATA.parent.mkdir(parents=True, exist_ok=True)
+    tmp = DATA.with_suffix(".partial")
+    with tmp.open("w") as out:
+        for i, params in enumerate(configs):
+            row = _run_full(params, max_seconds, Path("/tmp/autotune-record") / f"c{i}")
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(f"[{i + 1}/{n}] {params} -> reached_at={row['reached_at']} "
+                  f"elapsed={row['elapsed_s']:.1f}s overhead={row['overhead_s']:.1f}s",
+                  flush=True)
+    tmp.replace(DATA)
+
+
+# -- replay -------------------------------------------------------------------------------------
+def load_table() -> list[dict[str, Any]]:
+    if not DATA.is_file():
+        raise SystemExit(f"no recorded curves at {DATA}; run `python {__file__} record` first")
+    return [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+
+
+def _features(p: dict[str, Any]) -> list[float]:
+    return [math.log2(p["global_batch"]) / 5, math.log10(p["lr_per_256"]) / 2.3,
+            p["warmup_epochs"] / 2, p["label_smoothing"] / 0.2, (p["epochs"] - 3) / 9]
+
+
+def nearest(table: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    """The recorded configuration closest to ``params`` (same decay shape preferred)."""
+    f = _features(params)
+
+    def distance(row: dict[str, Any]) -> float:
+        g = _features(row["params"])
+        decay = 0.0 if row["params"]["decay"] == params["decay"] else 0.5
+        return math.dist(f, g) + decay
+
+    return min(table, key=distance)
+
+
+class Replay:
+    """One simulated study of one method on the recorded table."""
+
+    def __init__(self, method: str, seed: int, table: list[dict[str, Any]]) -> None:
+        self.method, self.table = method, table
+        self.space = load_space("quickstart", world_size=WORLD)
+        self.best_table = min(r["reached_at"] for r in table if r["reached_at"] is not None)
+        self.penalty = 2 * max(r["elapsed_s"] for r in table)
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=5)
+        pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
+        if method == "autotune":
+            pruner = TimeToAccuracyPruner(TARGET, num_classes=10)
+        elif method == "tpe_median":
+            pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
+        elif method == "tpe_sha":
+            pruner = optuna.pruners.SuccessiveHalvingPruner()
+        elif method == "random":
+            sampler = optuna.samplers.RandomSampler(seed=seed)
+        self.pruner = pruner
+        direction = "minimize"
+        self.study = optuna.create_study(direction=direction, sampler=sampler, pruner=pruner)
+        self.compute = 0.0
+        self.found_at: float | None = None
+        self.best_in_budget = math.inf
+
+    def _ask(self) -> tuple[optuna.Trial, dict[str, Any]]:
+        while True:
+            trial = self.study.ask()
+            try:
+                return trial, self.space.sample(trial)
+            except InfeasiblePoint:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def step(self) -> None:
+        trial, params = self._ask()
+        row = nearest(self.table, params)
+        cost, tta = self._train(trial, row)
+        self.compute += row["overhead_s"] + cost
+        if tta is not None:
+            if self.compute <= BUDGET_S:
+                self.best_in_budget = min(self.best_in_budget, tta)
+            if self.found_at is None and tta <= 1.1 * self.best_table:
+                self.found_at = self.compute
+
+    def _train(self, trial: optuna.Trial, row: dict[str, Any]) -> tuple[float, float | None]:
+        """Replays ``row`` on the simulated clock; returns (training seconds, TTA or None)."""
+        curve, rows = row["curve"], []
+        best = 0.0
+        for index, point in enumerate(curve):
+            t, top1 = point[0], point[1]
+            if self.method == "autotune":
+                deadline = self.pruner.deadline(self.study)
+                if deadline is not None and t > deadline:  # the trainer stops at the deadline
+                    self._tell_autotune(trial, "censored", "bound", deadline, best)
+                    return deadline, None
+            rows.append(point)
+            best = max(best, top1)
+            trial.report(top1, step=index)
+            if top1 >= TARGET:
+                if self.method == "autotune":
+                    self._tell_autotune(trial, "reached", "reached", t, best)
+                else:
+                    self.study.tell(trial, t)
+                return t, t
+            if self.method == "autotune":
+                trial.set_user_attr(CURVE_KEY, rows)
+                trial.set_user_attr(ELAPSED_KEY, t)
+                frozen = self.study._storage.get_trial(trial._trial_id)
+                reason = self.pruner.decide(self.study, frozen)
+                if reason:
+                    outcome = "failed" if reason == "diverged" else "censored"
+                    self._tell_autotune(trial, outcome, reason, t, best)
+                    return t, None
+            elif trial.should_prune():
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                return t, None
+        end = row["elapsed_s"]
+        if self.method == "autotune":
+            self._tell_autotune(trial, "censored", "planned_epochs", end, best)
+        else:
+            self.study.tell(trial, self.penalty)
+        return end, None
+
+    def _tell_autotune(self, trial: optuna.Trial, outcome: str, reason: str, t: float,
+                       best: float) -> None:
+        tell_result(self.study, trial, TrialResult(trial.number, {}, outcome, reason, value=t,
+                                                   best_metric=best), TARGET)
+
+    def run(self) -> Replay:
+        for _ in range(MAX_TRIALS):
+            self.step()
+            if self.found_at is not None and self.compute > BUDGET_S:
+                break
+        return self
+
+
+METHODS = ("autotune", "tpe_median", "tpe_sha", "tpe_nopruning", "random")
+
+
+def compare(seeds: int) -> None:
+    table = load_table()
+    best = min(r["reached_at"] for r in table if r["reached_at"] is not None)
+    reached = sum(r["reached_at"] is not None for r in table)
+    print(f"table: {len(table)} recorded configurations, {reached} reach top1 >= {TARGET}; "
+          f"best TTA {best:.2f} s; goal: TTA <= {1.1 * best:.2f} s")
+    medians: dict[str, float] = {}
+    for method in METHODS:
+        runs = [Replay(method, seed, table).run() for seed in range(seeds)]
+        spent = [r.found_at if r.found_at is not None else r.compute for r in runs]
+        misses = sum(r.found_at is None for r in runs)
+        medians[method] = statistics.median(spent)
+        in_budget = statistics.median(r.best_in_budget for r in runs)
+        print(f"{method:14s} median compute to goal {medians[method]:8.1f} s  "
+              f"(p25 {_q(spent, 0.25):7.1f}, p75 {_q(spent, 0.75):7.1f}; {misses} of {seeds} "
+              f"never found it)  median best TTA within {BUDGET_S:.0f} s: {in_budget:.2f} s")
+    base = medians["autotune"]
+    print(f"autotune_median_s={base:.1f} random_ratio={medians['random'] / base:.2f} "
+          f"tpe_median_ratio={medians['tpe_median'] / base:.2f} "
+          f"tpe_sha_ratio={medians['tpe_sha'] / base:.2f} "
+          f"tpe_nopruning_ratio={medians['tpe_nopruning'] / base:.2f}")
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="train sampled configurations for real, record curves")
+    rec.add_argument("--n", type=int, default=36, help="configurations to record")
+    rec.add_argument("--max-seconds", type=float, default=40.0, help="training seconds cap")
+    rec.add_argument("--seed", type=int, default=7)
+    cmp = sub.add_parser("compare", help="replay studies of each method on the recorded curves")
+    cmp.add_argument("--seeds", type=int, default=20, help="studies per method")
+    args = parser.parse_args()
+    if args.command == "record":
+        record(args.n, args.max_seconds, args.seed)
+    else:
+        compare(args.seeds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Real services for the integration tests: a PostgreSQL database and an `mlflow server`.
+
+PostgreSQL: ``AUTOTUNE_TEST_POSTGRES_URL`` (a server URL; each test session creates and drops
+its own database there), else a throwaway server started from the local PostgreSQL binaries
+(``initdb``, ``pg_ctl``) in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+__all__ = ["PostgresServer", "MlflowServer", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_postgres_user(command: list[str]) -> list[str]:
+    """initdb and pg_ctl refuse to run as root: run them as the `postgres` user then."""
+    if os.geteuid() != 0:
+        return command
+    return ["runuser", "-u", "postgres", "--", *command]
+
+
+class PostgresServer:
+    """A PostgreSQL server for one test session; ``database()`` makes throwaway databases."""
+
+    def __init__(self) -> None:
+        self._folder: Path | None = None
+        url = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
+        if url:
+            self.url = url.rstrip("/")
+        else:
+            self.url = self._start()
+        self._made: list[str] = []
+
+    def _start(self) -> str:
+        initdb = shutil.which("initdb") or "/usr/lib/postgresql/15/bin/initdb"
+        pg_ctl = shutil.which("pg_ctl") or "/usr/lib/postgresql/15/bin/pg_ctl"
+        self._folder = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+        data = self._folder / "data"
+        if os.geteuid() == 0:
+            shutil.chown(self._folder, "postgres", "postgres")
+        port = free_port()
+        subprocess.run(_as_postgres_user([initdb, "-D", str(data), "-A", "trust", "-U",
+                                          "postgres"]), check=True, capture_output=True)
+        subprocess.run(_as_postgres_user([
+            pg_ctl, "-D", str(data), "-l", str(self._folder / "log"), "-w", "-o",
+            f"-p {port} -h 127.0.0.1 -k {self._folder} -c max_connections=300", "start"]),
+            check=True, capture_output=True)
+        self._pg_ctl, self._data = pg_ctl, data
+        return f"postgresql://postgres@127.0.0.1:{port}"
+
+    def _admin(self, sql: str) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(f"{self.url}/postgres")
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+        finally:
+            conn.close()
+
+    def database(self) -> str:
+        """A new, empty database; its URL."""
+        name = f"autotune_test_{uuid.uuid4().hex[:10]}"
+        self._admin(f'CREATE DATABASE "{name}"')
+        self._made.append(name)
+        return f"{self.url}/{name}"
+
+    def close(self) -> None:
+        for name in self._made:
+            try:
+                self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            except Exception:  # noqa: BLE001 - best effort: the server may be gone already
+                pass
+        if self._folder is not None:
+            subprocess.run(_as_postgres_user([self._pg_ctl, "-D", str(self._data), "-m",
+                                              "immediate", "stop"]), capture_output=True)
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+
+class MlflowServer:
+    """`mlflow server` with a PostgreSQL backend store and a local artifact root."""
+
+    def __init__(self, backend_url: str, artifacts: Path) -> None:
+        self.backend = backend_url.replace("postgresql://", "postgresql+psycopg2://", 1)
+        self.artifacts = artifacts
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 120) -> None:
+        log = open(self.artifacts.parent / "mlflow-server.log", "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
+             "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: see {log.name}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        raise RuntimeError(f"mlflow server did not answer within {timeout_s} s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            self.process.wait(30)

@@ -1,0 +1,71 @@
+"""autotune's migrations on real PostgreSQL, beside Optuna's own tables."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+import sqlalchemy as sa
+
+from autotune import db
+from autotune.cli import main
+from autotune.config import database_url
+
+pytestmark = pytest.mark.postgres
+
+
+def tables(url: str) -> set[str]:
+    engine = sa.create_engine(database_url(url))
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def optuna_revision(url: str) -> str:
+    engine = sa.create_engine(database_url(url))
+    try:
+        with engine.connect() as conn:
+            return str(conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar())
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_from_empty_creates_autotune_tables_with_their_own_version_table(postgres):
+    url = postgres.database()
+    assert db.current(url) == ""
+    db.upgrade(url)
+    assert db.current(url) == "0001"
+    assert {"autotune_workers", "autotune_trial_attempts", db.VERSION_TABLE} <= tables(url)
+    assert "alembic_version" not in tables(url)          # that name is Optuna's
+    db.check(url)                                        # the models match the migrations
+
+
+def test_beside_optuna_downgrade_and_upgrade_round_trip(postgres):
+    url = postgres.database()
+    optuna.storages.RDBStorage(database_url(url))         # Optuna migrates its own schema
+    before = optuna_revision(url)
+    db.upgrade(url)
+    db.downgrade(url, "base")
+    assert not {"autotune_workers", "autotune_trial_attempts"} & tables(url)
+    assert db.current(url) == ""
+    db.upgrade(url)
+    assert db.current(url) == "0001"
+    db.check(url)
+    assert optuna_revision(url) == before
+    study = optuna.create_study(storage=database_url(url), study_name="still-works")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert len(study.trials) == 2
+
+
+def test_db_upgrade_command(postgres, capsys):
+    url = postgres.database()
+    assert main(["db", "upgrade", "--storage", url]) == 0
+    assert "revision none -> 0001" in capsys.readouterr().out
+    assert main(["db", "upgrade", "--storage", url]) == 0
+    assert "up to date (0001)" in capsys.readouterr().out
+
+
+def test_db_upgrade_on_an_unreachable_database_is_one_line(capsys):
+    code = main(["db", "upgrade", "--storage", "postgresql://nobody@127.0.0.1:1/none"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("autotune: error: ") and err.count("\n") == 1

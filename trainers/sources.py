@@ -1,0 +1,182 @@
+"""Where a trainer's images come from: the bundled digits, an ImageFolder tree, or synthetic
+tensors (for throughput only). Every source shards the same way:
+
+* training: each epoch, every rank draws the same permutation (seeded by the plan's seed and
+  the epoch) and takes every ``world``-th index from its rank on, so ranks never share a
+  sample; a resumed run skips the batches it already trained on;
+* evaluation: rank r takes indices r, r + world, ... of the validation set, with no padding, so
+  the sums over ranks count every validation image exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainers import data as digits
+
+__all__ = ["Source", "num_classes", "open_source", "train_size"]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+_MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".webp")
+
+
+class Source:
+    """A sharded training set and validation set."""
+
+    num_classes: int
+    train_len: int
+    val_len: int
+
+    def train_batches(self, epoch: int, seed: int, rank: int, world: int, per_rank: int,
+                      micro: int, skip: int = 0) -> Iterator[Batch]:
+        """This rank's micro-batches of ``epoch``, after skipping ``skip`` of them."""
+        order = digits.epoch_shard(self.train_len, epoch, seed, rank, world, per_rank)
+        self.last_order = order[skip * micro:]  # what this rank is fed, for audits
+        return self._load_train(self.last_order, micro)
+
+    def eval_batches(self, rank: int, world: int, batch: int) -> Iterator[Batch]:
+        return self._load_val(digits.eval_shard(self.val_len, rank, world), batch)
+
+    def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
+        raise NotImplementedError
+
+    def _load_val(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+        raise NotImplementedError
+
+
+class InMemory(Source):
+    """Tensors held in memory: the digits, or synthetic images."""
+
+    def __init__(self, train: digits.Split, val: digits.Split, num_classes: int) -> None:
+        self.train, self.val, self.num_classes = train, val, num_classes
+        self.train_len, self.val_len = len(train), len(val)
+
+    def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
+        for idx in digits.batches(indices, micro):
+            yield self.train.images[idx], self.train.labels[idx]
+
+    def _load_val(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+        for idx in digits.batches(indices, batch):
+            yield self.val.images[idx], self.val.labels[idx]
+
+
+class Synthetic(Source):
+    """Random images for throughput only: a small pool, reused, so memory stays small."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        size = int(spec.get("image_size", 224))
+        self.num_classes = int(spec.get("num_classes", 1000))
+        self.train_len = int(spec.get("train_images", 512))
+        self.val_len = int(spec.get("val_images", 64))
+        gen = torch.Generator().manual_seed(0)
+        self._pool = torch.randn(64, 3, size, size, generator=gen)
+        self._labels = torch.randint(0, self.num_classes, (64,), generator=gen)
+
+    def _take(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+        for idx in digits.batches(indices, batch):
+            slot = idx % self._pool.shape[0]
+            yield self._pool[slot], self._labels[slot]
+
+    def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
+        return self._take(indices, micro)
+
+    def _load_val(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+        return self._take(indices, batch)
+
+
+class ImageFolderSource(Source):
+    """``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``, as ImageNet is laid out.
+
+    Training: random-resized crop and horizontal flip at ``image_size``; evaluation: resize
+    to ``image_size / 0.875`` and center crop at ``eval_size`` (default ``image_size``). Images
+    are decoded by ``loader_workers`` processes per rank.
+    """
+
+    def __init__(self, spec: dict[str, Any], on_gpu: bool) -> None:
+        from torchvision import datasets, transforms
+
+        root = Path(spec["path"])
+        size = int(spec.get("image_size", 224))
+        eval_size = int(spec.get("eval_size", size))
+        normalize = transforms.Normalize(_MEAN, _STD)
+        train_tf = transforms.Compose([transforms.RandomResizedCrop(size),
+                                       transforms.RandomHorizontalFlip(), transforms.ToTensor(),
+                                       normalize])
+        val_tf = transforms.Compose([transforms.Resize(round(eval_size / 0.875)),
+                                     transforms.CenterCrop(eval_size), transforms.ToTensor(),
+                                     normalize])
+        self.train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
+        self.val = datasets.ImageFolder(str(root / "val"), transform=val_tf)
+        if self.train.classes != self.val.classes:
+            raise ValueError(f"{root}: train/ and val/ must hold the same class folders")
+        self.num_classes = len(self.train.classes)
+        self.train_len, self.val_len = len(self.train), len(self.val)
+        self.workers = int(spec.get("loader_workers", 4))
+        self.pin = on_gpu
+
+    def _loader(self, dataset: Any, indices: Sequence[int], batch: int) -> Iterator[Batch]:
+        from torch.utils.data import DataLoader, Subset
+
+        loader = DataLoader(Subset(dataset, list(map(int, indices))), batch_size=batch,
+                            shuffle=False, num_workers=self.workers, pin_memory=self.pin,
+                            drop_last=False, persistent_workers=False,
+                            prefetch_factor=4 if self.workers else None)
+        yield from loader
+
+    def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
+        return self._loader(self.train, indices.tolist(), micro)
+
+    def _load_val(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+        return self._loader(self.val, indices.tolist(), batch)
+
+
+def _count_images(folder: Path) -> int:
+    return sum(1 for p in folder.rglob("*") if p.suffix.lower() in _EXTENSIONS)
+
+
+def train_size(spec: dict[str, Any]) -> int:
+    """Number of training images of ``spec``, without decoding any."""
+    kind = spec.get("kind", "digits")
+    if kind == "digits":
+        return digits.DIGITS_TRAIN
+    if kind == "synthetic":
+        return int(spec.get("train_images", 512))
+    if kind == "imagefolder":
+        root = Path(str(spec.get("path", "")))
+        for part in ("train", "val"):
+            if not (root / part).is_dir():
+                raise ValueError(f"ImageFolder {root}: missing {part}/ (expected {root}/train/"
+                                 f"<class>/*.JPEG and {root}/val/<class>/*.JPEG)")
+        n = _count_images(root / "train")
+        if n == 0:
+            raise ValueError(f"ImageFolder {root}/train holds no images")
+        return n
+    raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")
+
+
+def num_classes(spec: dict[str, Any]) -> int:
+    """Number of classes of ``spec``, without decoding any image."""
+    kind = spec.get("kind", "digits")
+    if kind == "imagefolder":
+        return sum(1 for p in (Path(str(spec["path"])) / "train").iterdir() if p.is_dir())
+    if kind == "synthetic":
+        return int(spec.get("num_classes", 1000))
+    return 10
+
+
+def open_source(spec: dict[str, Any], on_gpu: bool) -> Source:
+    """The data source ``spec`` describes (``kind``: digits, imagefolder, synthetic)."""
+    kind = spec.get("kind", "digits")
+    if kind == "digits":
+        train, val = digits.load(spec)
+        return InMemory(train, val, 10)
+    if kind == "synthetic":
+        return Synthetic(spec)
+    if kind == "imagefolder":
+        return ImageFolderSource(spec, on_gpu)
+    raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")
