@@ -7,6 +7,7 @@ stderr and exit code 2, with no traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -102,6 +103,22 @@ def _add_db_upgrade(sub: Any) -> None:
     p.set_defaults(func=_db_upgrade)
 
 
+def _status(args: argparse.Namespace) -> int:
+    from .config import validate_storage_url
+    from .status import show
+
+    validate_storage_url(args.storage, "--storage")
+    return show(args.study, args.storage)
+
+
+def _add_status(sub: Any) -> None:
+    p = sub.add_parser("status", help="show a study's trials, workers and best TTA")
+    p.add_argument("study", help="study name")
+    p.add_argument("--storage", default="sqlite:///autotune.db",
+                   help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.set_defaults(func=_status)
+
+
 def _add_start_study(sub: Any) -> None:
     p = sub.add_parser("start study", help="run a time-to-accuracy study",
                        description="Run a study: trials are proposed, trained with DeepSpeed and "
@@ -150,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_space_check(sub)
     _add_ui(sub)
     _add_db_upgrade(sub)
+    _add_status(sub)
     return parser
 
 
@@ -171,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutotuneError as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the output went to a pipe that closed (| head): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("autotune: interrupted; the running trial is marked failed and the study can be "
               "resumed with the same command", file=sys.stderr)

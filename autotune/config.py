@@ -72,6 +72,8 @@ class StudyConfig:
     seed: int = 0
     warm_start: bool = True                 # enqueue the space's known-good configurations
     pruner_margin: float = 1.0              # stop once elapsed > margin x best TTA
+    pruner: str = "tta"                     # tta (autotune's); median or none: Optuna's
+                                            # MedianPruner or no pruning, for comparisons
     source: str = ""                        # where the config came from (file path or name)
     base_dir: str = "."                     # relative paths in the file are relative to this
 
@@ -197,6 +199,8 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(cfg.trainer.max_micro_batch >= 1, "trainer.max_micro_batch",
           f"must be at least 1, got {cfg.trainer.max_micro_batch}")
     check(cfg.pruner_margin >= 1.0, "pruner_margin", f"must be >= 1.0, got {cfg.pruner_margin}")
+    check(cfg.pruner in ("tta", "median", "none"), "pruner",
+          f"{cfg.pruner!r} is not allowed; use tta, median or none")
     check(cfg.trainer.precision in ("bf16", "fp32"), "trainer.precision",
           f"{cfg.trainer.precision!r} is not allowed; use bf16 or fp32")
     kind = cfg.trainer.data.get("kind", "digits")

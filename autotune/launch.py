@@ -10,14 +10,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .errors import LaunchError
 
-__all__ = ["deepspeed_command", "free_port", "multinode_commands", "read_hostfile",
-           "ReportChannel", "TrainerProcess", "trainer_path"]
+__all__ = ["deepspeed_command", "free_port", "keep_going", "multinode_commands",
+           "read_hostfile", "run_plan", "ReportChannel", "TrainerProcess", "trainer_path"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -202,3 +202,41 @@ class ReportChannel:
         for s in (self._conn, self._server):
             if s is not None:
                 s.close()
+
+
+Answer = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def keep_going(message: dict[str, Any]) -> dict[str, Any]:
+    """The reply that lets a trainer go on, with no deadline."""
+    return {"action": "continue", "reason": "", "deadline_s": None}
+
+
+def run_plan(plan: dict[str, Any], folder: Path, *, answer: Answer = keep_going,
+             on_message: Callable[[dict[str, Any], ReportChannel, TrainerProcess], None]
+             | None = None, device: str = "cpu", threads_per_rank: int = 1,
+             timeout_s: float = 600, program: str = "image_classifier",
+             ) -> tuple[list[dict[str, Any]], TrainerProcess]:
+    """Runs ``plan`` on its ranks under the launcher, answering each report with ``answer``;
+    returns every message and the (finished) process. For benchmarks and tests; the worker's
+    own loop lives in ``autotune.objective``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plan_path = folder / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    channel = ReportChannel()
+    command = deepspeed_command(trainer_path(program), plan_path, channel.address,
+                                ranks=int(plan["world_size"]), master_port=free_port())
+    process = TrainerProcess(command, trainer_env(device, threads_per_rank),
+                             folder / "trainer.log")
+    messages = []
+    try:
+        for message in channel.messages(process, time.monotonic() + timeout_s):
+            messages.append(message)
+            channel.reply({"action": "ack"} if message.get("type") == "end"
+                          else answer(message))
+            if on_message is not None:
+                on_message(message, channel, process)
+    finally:
+        channel.close()
+        process.wait()
+    return messages, process

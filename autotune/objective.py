@@ -72,8 +72,13 @@ def _finite_or_none(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def make_pruner(cfg: StudyConfig) -> TimeToAccuracyPruner:
-    """The study's pruner, from its config."""
+def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
+    """The study's pruner, from its config: autotune's, or Optuna's median rule or none (both
+    with Optuna's own conventions, for comparisons)."""
+    if cfg.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
+    if cfg.pruner == "none":
+        return optuna.pruners.NopPruner()
     return TimeToAccuracyPruner(cfg.target.value, metric=cfg.target.metric,
                                 num_classes=cfg.trainer.num_classes, margin=cfg.pruner_margin)
 
@@ -231,7 +236,7 @@ class TrialRunner:
                     if self.tracker and run_key:
                         self.tracker.log_start(run_key, msg)
                     channel.reply({"action": "continue", "reason": "",
-                                   "deadline_s": self.pruner.deadline(study)})
+                                   "deadline_s": self._deadline(study)})
                 elif kind == "eval":
                     evals += 1
                     value = float(msg[metric])
@@ -239,7 +244,8 @@ class TrialRunner:
                     curve.append([round(msg["elapsed_s"], 3), msg.get("top1"), msg.get("top5"),
                                   round(float(msg["epoch"]) / plan["epochs"], 4),
                                   _finite_or_none(msg.get("loss"))])
-                    trial.report(value, step=int(msg["index"]))
+                    # Optuna's pruners read intermediate values as "lower is better".
+                    trial.report(1.0 - value, step=int(msg["index"]))
                     trial.set_user_attr(ELAPSED_KEY, msg["elapsed_s"])
                     trial.set_user_attr(CURVE_KEY, curve)
                     if self.tracker and run_key:
@@ -259,15 +265,23 @@ class TrialRunner:
         result.curve = curve
         return result
 
+    def _deadline(self, study: optuna.Study) -> float | None:
+        if isinstance(self.pruner, TimeToAccuracyPruner):
+            return self.pruner.deadline(study)
+        return None
+
     def _decide(self, study: optuna.Study, trial: optuna.Trial,
                 msg: dict[str, Any]) -> dict[str, Any]:
-        deadline = self.pruner.deadline(study)
+        deadline = self._deadline(study)
         if msg.get("reached"):
             return {"action": "continue", "reason": "", "deadline_s": deadline}
         if self.stop_at is not None and time.monotonic() > self.stop_at:
             return {"action": "stop", "reason": "study_timeout", "deadline_s": deadline}
-        frozen = study._storage.get_trial(trial._trial_id)
-        reason = self.pruner.decide(study, frozen)
+        if isinstance(self.pruner, TimeToAccuracyPruner):
+            frozen = study._storage.get_trial(trial._trial_id)
+            reason = self.pruner.decide(study, frozen)
+        else:
+            reason = "median" if trial.should_prune() else None
         if reason:
             return {"action": "stop", "reason": reason, "deadline_s": deadline}
         return {"action": "continue", "reason": "", "deadline_s": deadline}
@@ -302,7 +316,28 @@ class TrialRunner:
                            best_metric=best, evals=evals, summary=end)
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
-        tell_result(study, trial, result, self.cfg.target.value)
+        if self.cfg.pruner == "tta":
+            tell_result(study, trial, result, self.cfg.target.value)
+        else:
+            tell_optuna_style(study, trial, result, 2 * self.cfg.budget.max_trial_s)
+
+
+def tell_optuna_style(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
+                      penalty: float) -> None:
+    """Optuna's usual conventions, for comparisons: pruned trials PRUNED, a missed target the
+    penalty value, failures FAIL."""
+    trial.set_user_attr(OUTCOME_KEY, result.outcome)
+    trial.set_user_attr("stop_reason", result.reason)
+    trial.set_user_attr("best_metric", result.best_metric)
+    if result.outcome == "reached":
+        trial.set_user_attr("tta_s", result.value)
+        study.tell(trial, result.value)
+    elif result.outcome == "failed":
+        study.tell(trial, state=TrialState.FAIL)
+    elif result.reason == "median":
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, penalty)
 
 
 def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,

@@ -6,12 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python - "$@" <<'PY'
-import json, statistics, sys, tempfile, time
+import statistics, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, ".")
 import torch
-from autotune.launch import (ReportChannel, TrainerProcess, deepspeed_command, free_port,
-                             trainer_env, trainer_path)
+from autotune.launch import run_plan
 from autotune.plan import Hardware, resolve
 
 if not torch.cuda.is_available():
@@ -28,22 +27,10 @@ for batch in batches:
                    train_size=data["train_images"],
                    hardware=Hardware(world_size=1, device="cuda", max_micro_batch=batch),
                    target={"metric": "top1", "value": 1.0}, max_seconds=0)
-    folder = Path(tempfile.mkdtemp())
-    (folder / "plan.json").write_text(json.dumps(plan))
-    channel = ReportChannel()
-    cmd = deepspeed_command(trainer_path("image_classifier"), folder / "plan.json",
-                            channel.address, ranks=1, master_port=free_port())
-    proc = TrainerProcess(cmd, trainer_env("cuda", 8), folder / "trainer.log")
-    rates, end = [], {}
-    for msg in channel.messages(proc, time.monotonic() + 240):
-        if msg["type"] == "eval":
-            rates.append(msg["images_per_s"])
-        if msg["type"] == "end":
-            end = msg
-        channel.reply({"action": "ack"} if msg["type"] == "end" else
-                      {"action": "continue", "reason": "", "deadline_s": None})
-    channel.close()
-    proc.wait()
+    messages, proc = run_plan(plan, Path(tempfile.mkdtemp()), device="cuda",
+                              threads_per_rank=8, timeout_s=240)
+    rates = [m["images_per_s"] for m in messages if m["type"] == "eval"]
+    end = next((m for m in messages if m["type"] == "end"), {})
     if end.get("reason") == "oom" or len(rates) < 2:
         print(f"micro-batch {batch}: {end.get('reason', 'failed')} ({proc.tail(3)})", flush=True)
         continue

@@ -2,6 +2,7 @@
 
     python benchmarks/search_efficiency.py record [--n 36] [--max-seconds 40]
     python benchmarks/search_efficiency.py compare [--seeds 20]
+    python benchmarks/search_efficiency.py live [--seeds 3] [--budget 240]
 
 ``record`` trains a random sample of quickstart configurations for real (the deepspeed
 launcher, 2 CPU ranks, digits), each over its whole planned length with no pruning, and
@@ -67,37 +68,17 @@ def _sample_configs(space: SearchSpace, n: int, seed: int) -> list[dict[str, Any
 
 
 def _run_full(params: dict[str, Any], max_seconds: float, folder: Path) -> dict[str, Any]:
-    from autotune.launch import (
-        ReportChannel,
-        TrainerProcess,
-        deepspeed_command,
-        free_port,
-        trainer_env,
-        trainer_path,
-    )
+    from autotune.launch import run_plan
     from autotune.plan import Hardware, resolve
 
     plan = resolve(params, trainer={"model": "resnet18", "data": {"kind": "digits"}},
                    train_size=1437, hardware=Hardware(world_size=WORLD),
                    target={"metric": "top1", "value": 1.01}, max_seconds=max_seconds)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "plan.json").write_text(json.dumps(plan))
-    channel = ReportChannel()
-    command = deepspeed_command(trainer_path("image_classifier"), folder / "plan.json",
-                                channel.address, ranks=WORLD, master_port=free_port())
     start = time.perf_counter()
-    process = TrainerProcess(command, trainer_env("cpu", 1), folder / "trainer.log")
-    curve, end = [], {}
-    for msg in channel.messages(process, time.monotonic() + max_seconds * 3 + 240):
-        if msg["type"] == "eval":
-            curve.append([round(msg["elapsed_s"], 3), msg["top1"], msg["top5"],
-                          round(msg["epoch"] / plan["epochs"], 4), msg["loss"]])
-        if msg["type"] == "end":
-            end = msg
-        channel.reply({"action": "ack"} if msg["type"] == "end" else
-                      {"action": "continue", "reason": "", "deadline_s": None})
-    channel.close()
-    process.wait()
+    messages, _ = run_plan(plan, folder, timeout_s=max_seconds * 3 + 240)
+    curve = [[round(m["elapsed_s"], 3), m["top1"], m["top5"], round(m["epoch"] / plan["epochs"],
+             4), m["loss"]] for m in messages if m["type"] == "eval"]
+    end = next((m for m in messages if m["type"] == "end"), {})
     wall = time.perf_counter() - start
     reached = next((row[0] for row in curve if row[1] >= TARGET), None)
     elapsed = float(end.get("elapsed_s", curve[-1][0] if curve else 0.0))
@@ -204,7 +185,7 @@ class Replay:
                     return deadline, None
             rows.append(point)
             best = max(best, top1)
-            trial.report(top1, step=index)
+            trial.report(1.0 - top1, step=index)  # error: lower is better, as the study minimizes
             if top1 >= TARGET:
                 if self.method == "autotune":
                     self._tell_autotune(trial, "reached", "reached", t, best)
@@ -269,6 +250,59 @@ def compare(seeds: int) -> None:
           f"tpe_nopruning_ratio={medians['tpe_nopruning'] / base:.2f}")
 
 
+LIVE_STUDY = """study_name: live
+search_space: quickstart
+trainer: {{eval_every_s: 0}}
+target: {{metric: top1, value: {target}}}
+budget: {{n_trials: 200, timeout_s: {budget}, max_trial_s: 40}}
+warm_start: false
+pruner: {pruner}
+"""
+
+
+def _live_study(method: str, seed: int, budget: float, goal: float) -> tuple[float, float]:
+    """Runs one real study; returns (compute seconds to the goal or the budget, best TTA)."""
+    import subprocess
+    import tempfile
+
+    pruner = {"autotune": "tta", "tpe_median": "median"}[method]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "study.yaml").write_text(LIVE_STUDY.format(target=TARGET, budget=budget,
+                                                             pruner=pruner))
+        subprocess.run([sys.executable, "-m", "autotune", "start", "study", "study.yaml",
+                        "--seed", str(seed)], cwd=folder, check=True, capture_output=True)
+        study = optuna.load_study(study_name="live", storage=f"sqlite:///{folder}/autotune.db")
+    ran = sorted((t for t in study.trials if t.datetime_complete is not None
+                  and t.user_attrs.get("outcome") != "infeasible"),
+                 key=lambda t: t.datetime_complete)
+    compute, found, best = 0.0, None, math.inf
+    for t in ran:
+        compute += (t.datetime_complete - t.datetime_start).total_seconds()
+        if t.user_attrs.get("outcome") == "reached":
+            best = min(best, t.value)
+            if found is None and t.value <= goal:
+                found = compute
+    return (found if found is not None else compute), best
+
+
+def live(seeds: int, budget: float) -> None:
+    """The reality check: the real quickstart, autotune against TPE + MedianPruner."""
+    table = load_table()
+    goal = 1.1 * min(r["reached_at"] for r in table if r["reached_at"] is not None)
+    medians = {}
+    for method in ("autotune", "tpe_median"):
+        runs = [_live_study(method, seed, budget, goal) for seed in range(seeds)]
+        spent = [r[0] for r in runs]
+        medians[method] = statistics.median(spent)
+        print(f"{method:11s} compute to TTA <= {goal:.2f} s per seed: "
+              f"{', '.join(f'{c:.0f}' for c in spent)} s; best TTA per seed: "
+              f"{', '.join(f'{b:.2f}' for b in (r[1] for r in runs))} s", flush=True)
+    print(f"live_autotune_median_s={medians['autotune']:.1f} "
+          f"live_tpe_median_median_s={medians['tpe_median']:.1f} "
+          f"live_tpe_median_ratio={medians['tpe_median'] / medians['autotune']:.2f}")
+
+
 def _q(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -283,9 +317,15 @@ def main() -> None:
     rec.add_argument("--seed", type=int, default=7)
     cmp = sub.add_parser("compare", help="replay studies of each method on the recorded curves")
     cmp.add_argument("--seeds", type=int, default=20, help="studies per method")
+    lv = sub.add_parser("live", help="the reality check: real studies, autotune against TPE + "
+                                     "MedianPruner, on the same budget")
+    lv.add_argument("--seeds", type=int, default=3)
+    lv.add_argument("--budget", type=float, default=240.0, help="seconds per study")
     args = parser.parse_args()
     if args.command == "record":
         record(args.n, args.max_seconds, args.seed)
+    elif args.command == "live":
+        live(args.seeds, args.budget)
     else:
         compare(args.seeds)
 

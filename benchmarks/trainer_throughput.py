@@ -16,7 +16,6 @@ Last line: trainer_img_s=X plain_img_s=Y ratio=X/Y loader_img_s=Z loader_ratio=Z
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,14 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from autotune.launch import (  # noqa: E402
-    ReportChannel,
-    TrainerProcess,
-    deepspeed_command,
-    free_port,
-    trainer_env,
-    trainer_path,
-)
+from autotune.launch import run_plan  # noqa: E402
 from autotune.plan import Hardware, resolve  # noqa: E402
 
 THREADS = os.cpu_count() or 1
@@ -53,19 +45,9 @@ def trainer_rate(model: str, size: int, batch: int, windows: int, folder: Path) 
                    hardware=Hardware(world_size=1, max_micro_batch=batch,
                                      threads_per_rank=THREADS),
                    target={"metric": "top1", "value": 1.0}, max_seconds=0)
-    (folder / "plan.json").write_text(json.dumps(plan))
-    channel = ReportChannel()
-    command = deepspeed_command(trainer_path("image_classifier"), folder / "plan.json",
-                                channel.address, ranks=1, master_port=free_port())
-    process = TrainerProcess(command, trainer_env("cpu", THREADS), folder / "trainer.log")
-    rates = []
-    for msg in channel.messages(process, time.monotonic() + 600):
-        if msg["type"] == "eval":
-            rates.append(msg["images_per_s"])
-        channel.reply({"action": "ack"} if msg["type"] == "end" else
-                      {"action": "continue", "reason": "", "deadline_s": None})
-    channel.close()
-    if process.wait() != 0 or len(rates) < 2:
+    messages, process = run_plan(plan, folder, threads_per_rank=THREADS)
+    rates = [m["images_per_s"] for m in messages if m["type"] == "eval"]
+    if process.proc.returncode != 0 or len(rates) < 2:
         raise SystemExit(f"the trainer failed: {process.tail(20)}")
     return statistics.median(rates[1:])  # the first window includes warm-up
 

@@ -58,6 +58,11 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
         reached = run.data.metrics["reached_target"]
         assert reached == (1.0 if "tta_s" in run.data.metrics else 0.0)
 
+    status = run_cli("status", "quickstart", "--storage", storage, cwd=tmp_path, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert "2 trial(s)" in status.stdout and "best: trial 0, TTA" in status.stdout
+    assert status.stdout.count("COMPLETE") == 2
+
     again = run_cli(*args, "--n-trials", "3", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming study 'quickstart': 2 finished trial(s)" in again.stdout

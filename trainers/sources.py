@@ -68,7 +68,7 @@ class InMemory(Source):
 class Synthetic(Source):
     """Random images for throughput only: a small pool, reused, so memory stays small."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], on_gpu: bool = False) -> None:
         size = int(spec.get("image_size", 224))
         self.num_classes = int(spec.get("num_classes", 1000))
         self.train_len = int(spec.get("train_images", 512))
@@ -76,10 +76,13 @@ class Synthetic(Source):
         gen = torch.Generator().manual_seed(0)
         self._pool = torch.randn(64, 3, size, size, generator=gen)
         self._labels = torch.randint(0, self.num_classes, (64,), generator=gen)
+        if on_gpu:  # kept on the device: a throughput test must not measure host copies
+            self._pool = self._pool.cuda(torch.cuda.current_device())
+            self._labels = self._labels.cuda(torch.cuda.current_device())
 
     def _take(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
         for idx in digits.batches(indices, batch):
-            slot = idx % self._pool.shape[0]
+            slot = (idx % self._pool.shape[0]).to(self._pool.device)
             yield self._pool[slot], self._labels[slot]
 
     def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
@@ -176,7 +179,7 @@ def open_source(spec: dict[str, Any], on_gpu: bool) -> Source:
         train, val = digits.load(spec)
         return InMemory(train, val, 10)
     if kind == "synthetic":
-        return Synthetic(spec)
+        return Synthetic(spec, on_gpu)
     if kind == "imagefolder":
         return ImageFolderSource(spec, on_gpu)
     raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")

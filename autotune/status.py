@@ -1,0 +1,71 @@
+"""`autotune status STUDY`: a study's trials, its workers and the best time-to-accuracy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import optuna
+
+from .config import database_url
+from .errors import ConfigError
+
+__all__ = ["show"]
+
+
+def _workers(url: str, study: str) -> list[tuple[str, str, str, str]]:
+    """(name, host, status, last heartbeat) of the study's registered workers, if any."""
+    from sqlalchemy import create_engine, inspect, select
+    from sqlalchemy.orm import Session
+
+    from .db import Worker
+
+    engine = create_engine(database_url(url))
+    try:
+        if not inspect(engine).has_table(Worker.__tablename__):
+            return []
+        with Session(engine) as session:
+            rows = session.scalars(select(Worker).where(Worker.study_name == study)).all()
+            return [(w.name, w.host, w.status, w.last_heartbeat.isoformat(" ", "seconds"))
+                    for w in rows]
+    finally:
+        engine.dispose()
+
+
+def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=database_url(storage))
+    except KeyError as e:
+        names = [s.study_name for s in optuna.get_all_study_summaries(database_url(storage))]
+        raise ConfigError(f"no study {study_name!r} in {storage}; studies there: "
+                          f"{', '.join(names) or 'none'}") from e
+    trials = study.get_trials(deepcopy=False)
+    now = datetime.now(UTC).replace(tzinfo=None)
+    echo(f"study {study_name!r} in {storage}: {len(trials)} trial(s)")
+    echo(f"{'trial':>5}  {'state':8}  {'outcome':10}  {'reason':14}  {'value':>9}  params")
+    best = None
+    for t in trials:
+        outcome = t.user_attrs.get("outcome", "")
+        if t.state.name == "RUNNING":
+            started = t.datetime_start or now
+            value = f"{(now - started).total_seconds():.0f} s on"
+        else:
+            value = "" if t.value is None else f"{t.value:.2f}"
+        if outcome == "reached" and t.value is not None and (
+                best is None or t.value < float(best.value or 0.0)):
+            best = t
+        params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in t.user_attrs.get("params", t.params).items())
+        echo(f"{t.number:>5}  {t.state.name:8}  {outcome:10}  "
+             f"{t.user_attrs.get('stop_reason', ''):14}  {value:>9}  {params}")
+    workers = _workers(storage, study_name)
+    if workers:
+        echo("workers:")
+        for name, host, status, beat in workers:
+            echo(f"  {name} on {host}: {status}, last heartbeat {beat}")
+    if best is None:
+        echo("best: no trial has reached the target yet")
+    else:
+        echo(f"best: trial {best.number}, TTA {best.value:.2f} s")
+    return 0
