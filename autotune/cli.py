@@ -119,6 +119,40 @@ def _add_status(sub: Any) -> None:
     p.set_defaults(func=_status)
 
 
+def _worker(args: argparse.Namespace) -> int:
+    from .config import validate_storage_url
+    from .worker import run_worker
+
+    storage = f"autotune://{args.server}" if args.server else args.storage
+    validate_storage_url(storage, "--server" if args.server else "--storage")
+    return run_worker(storage, args.study)
+
+
+def _add_worker(sub: Any) -> None:
+    p = sub.add_parser("worker", help="join a study and run its trials, one after another")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--server", help="HOST:PORT of an `autotune server`")
+    where.add_argument("--storage", help="the study's database URL, reached directly")
+    p.add_argument("--study", required=True, help="study name")
+    p.set_defaults(func=_worker)
+
+
+def _server(args: argparse.Namespace) -> int:
+    from .config import validate_storage_url
+    from .server import serve
+
+    validate_storage_url(args.storage, "--storage")
+    return serve(args.storage, args.host, args.port)
+
+
+def _add_server(sub: Any) -> None:
+    p = sub.add_parser("server", help="serve a study database to many workers")
+    p.add_argument("--storage", required=True, help="database URL (postgresql://...)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=13000, help="port (default 13000)")
+    p.set_defaults(func=_server)
+
+
 def _add_start_study(sub: Any) -> None:
     p = sub.add_parser("start study", help="run a time-to-accuracy study",
                        description="Run a study: trials are proposed, trained with DeepSpeed and "
@@ -168,6 +202,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_ui(sub)
     _add_db_upgrade(sub)
     _add_status(sub)
+    _add_worker(sub)
+    _add_server(sub)
     return parser
 
 

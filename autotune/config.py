@@ -63,7 +63,8 @@ class StudyConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     target: Target = field(default_factory=Target)
     budget: Budget = field(default_factory=Budget)
-    workers: int = 1                        # local workers, each running one trial at a time
+    workers: int = 1                        # local workers, one trial at a time each; 0: none,
+                                            # remote `autotune worker`s join the study
     ranks_per_trial: int = 2                # DeepSpeed ranks of each trial
     device: str = "cpu"                     # cpu | cuda
     storage: str = "sqlite:///autotune.db"  # Optuna storage URL
@@ -79,6 +80,14 @@ class StudyConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "stored config") -> StudyConfig:
+        """The config stored with a study (``to_dict``), for workers that join it."""
+        values = {k: v for k, v in data.items() if k not in ("source", "base_dir")}
+        cfg: StudyConfig = _build(cls, values, where)
+        return dataclasses.replace(cfg, source=str(data.get("source", where)),
+                                   base_dir=str(data.get("base_dir", ".")))
 
 
 _SECTIONS = {"trainer": TrainerConfig, "target": Target, "budget": Budget}
@@ -191,7 +200,7 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(b.max_trial_s > 0, "budget.max_trial_s", f"must be positive, got {b.max_trial_s}")
     check(b.n_trials is not None or b.timeout_s is not None, "budget",
           "needs n_trials or timeout_s (or both), or the study never ends")
-    check(cfg.workers >= 1, "workers", f"must be at least 1, got {cfg.workers}")
+    check(cfg.workers >= 0, "workers", f"must be 0 or more, got {cfg.workers}")
     check(cfg.ranks_per_trial >= 1, "ranks_per_trial",
           f"must be at least 1, got {cfg.ranks_per_trial}")
     check(cfg.device in _DEVICES, "device",

@@ -157,9 +157,11 @@ class ReportChannel:
         self.address = f"{host}:{self._server.getsockname()[1]}"
         self._conn: socket.socket | None = None
 
-    def messages(self, process: TrainerProcess, deadline: float) -> Iterator[dict[str, Any]]:
+    def messages(self, process: TrainerProcess, deadline: float,
+                 idle: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
         """Yields each message until the trainer closes the channel, exits, or ``deadline``
-        (a ``time.monotonic()`` value) passes. Reply to each with :meth:`reply`."""
+        (a ``time.monotonic()`` value) passes. Reply to each with :meth:`reply`. ``idle`` is
+        called about every half second while no message comes."""
         while self._conn is None:
             if not process.running() or time.monotonic() > deadline:
                 return
@@ -175,6 +177,8 @@ class ReportChannel:
             except TimeoutError:
                 if not process.running():
                     return
+                if idle is not None:
+                    idle()
                 continue
             except OSError:
                 return

@@ -37,10 +37,12 @@ from .launch import (
 )
 from .plan import Hardware, derived_params, resolve
 from .pruners import CURVE_KEY, ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
+from .samplers import ExploringTPESampler
 from .space import InfeasiblePoint, SearchSpace
 from .tracking import Tracker
 
-__all__ = ["TrialResult", "TrialRunner", "make_pruner", "optuna_state", "tell_result"]
+__all__ = ["TrialResult", "TrialRunner", "make_pruner", "make_sampler", "optuna_state",
+           "tell_result"]
 
 LAUNCH_GRACE_S = 180.0      # setup time allowed before the trainer's first report
 CONSTRAINT = "reach_target"
@@ -83,6 +85,13 @@ def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
                                 num_classes=cfg.trainer.num_classes, margin=cfg.pruner_margin)
 
 
+def make_sampler(cfg: StudyConfig, seed: int | None) -> optuna.samplers.BaseSampler:
+    """autotune's sampler; plain TPE in the comparison modes (``pruner`` median or none)."""
+    if cfg.pruner == "tta":
+        return ExploringTPESampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+
+
 def optuna_state(result: TrialResult) -> str:
     """The Optuna state a result is told with (see ``TrialRunner._tell``)."""
     if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
@@ -117,8 +126,9 @@ class TrialRunner:
 
     def __init__(self, cfg: StudyConfig, space: SearchSpace, train_size: int,
                  tracker: Tracker | None, run_dir: Path, stop_at: float | None,
-                 storage: optuna.storages.RDBStorage | None = None) -> None:
+                 storage: Any = None) -> None:
         self.storage = storage
+        self._interrupted = threading.Event()
         self.cfg = cfg
         self.space = space
         self.train_size = train_size
@@ -146,10 +156,15 @@ class TrialRunner:
         raise SpaceError(f"{MAX_INFEASIBLE} sampled points in a row violate the search space's "
                          "constraints; loosen them or narrow the ranges they depend on")
 
+    def interrupt(self) -> None:
+        """Asks the running trial to checkpoint and stop; it is queued to resume elsewhere."""
+        self._interrupted.set()
+
     def run(self, study: optuna.Study) -> TrialResult:
         trial, params = self._ask(study)
         storage = self.storage
-        interval = storage.get_heartbeat_interval() if storage is not None else None
+        beats = getattr(storage, "get_heartbeat_interval", None)  # RDB storage only
+        interval = beats() if beats is not None else None
         heartbeat = _Heartbeat(storage, trial._trial_id, interval) if interval else None
         try:
             result = self._run(study, trial, params)
@@ -160,9 +175,22 @@ class TrialRunner:
             if heartbeat:
                 heartbeat.stop()
         self._tell(study, trial, result)
+        if result.reason == "interrupted" and result.summary.get("checkpoint"):
+            self._queue_resumption(study, trial, params, result)
         if self.tracker:
             self.tracker.study_plots(study, self.cfg.target.metric, self.cfg.target.value)
         return result
+
+    def _queue_resumption(self, study: optuna.Study, trial: optuna.Trial,
+                          params: dict[str, Any], result: TrialResult) -> None:
+        """The same configuration, queued to continue from its checkpoint on any worker."""
+        attrs = trial.user_attrs if hasattr(trial, "user_attrs") else {}
+        study.enqueue_trial(dict(trial.params), user_attrs={
+            "resume_from": result.summary["checkpoint"],
+            "resume_of": trial.number,
+            "lineage": [*attrs.get("lineage", []), trial.number],
+            "resume_elapsed_s": result.summary.get("checkpoint_elapsed_s"),
+            "interrupted_at": time.time()})
 
     def _plan(self, trial: optuna.Trial, params: dict[str, Any]) -> dict[str, Any]:
         trainer = {**self.cfg.trainer.__dict__}
@@ -181,6 +209,11 @@ class TrialRunner:
         folder = self.run_dir / f"trial-{trial.number}"
         folder.mkdir(parents=True, exist_ok=True)
         plan["checkpoint_dir"] = str((folder / "checkpoint").resolve())
+        resume = trial.user_attrs.get("resume_from")
+        if resume:  # a resumption: same parameters, its clock continues from the checkpoint
+            plan["resume_from"] = resume
+            trial.set_user_attr("downtime_s", time.time() - float(
+                trial.user_attrs.get("interrupted_at", time.time())))
         plan_path = folder / "plan.json"
         plan_path.write_text(json.dumps(plan, indent=2))
         derived = derived_params(plan)
@@ -188,7 +221,10 @@ class TrialRunner:
             trial.set_user_attr(f"plan.{key}", value)
         run_key = None
         if self.tracker:
-            run_key = self.tracker.start_trial(trial.number, params, derived, plan)
+            lineage = list(trial.user_attrs.get("lineage", []))
+            run_key = self.tracker.start_trial(
+                trial.number, params, derived, plan, attempt=len(lineage) + 1,
+                tags={"autotune.resume_of": str(lineage[-1])} if lineage else None)
             trial.set_user_attr("mlflow_run_key", run_key)
         result = self._follow(study, trial, plan, plan_path, folder, run_key)
         result.params = params
@@ -227,8 +263,15 @@ class TrialRunner:
         stop_reason = ""
         end: dict[str, Any] | None = None
         hard_deadline = time.monotonic() + LAUNCH_GRACE_S + plan["max_seconds"] * 2 + 60
+        asked: list[bool] = []
+
+        def idle() -> None:
+            if self._interrupted.is_set() and not asked:
+                channel.request("checkpoint")
+                asked.append(True)
+
         try:
-            for msg in channel.messages(process, hard_deadline):
+            for msg in channel.messages(process, hard_deadline, idle):
                 kind = msg.get("type")
                 if kind == "start":
                     trial.set_user_attr("setup_s", msg.get("setup_s"))

@@ -14,9 +14,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .config import StudyConfig, database_url
+from .config import StudyConfig, database_url, resolve_tracking_uri
 from .errors import ConfigError, PlanError, SpaceError
-from .objective import TrialResult, TrialRunner, make_pruner
+from .objective import TrialResult, TrialRunner, make_pruner, make_sampler
 from .plan import Hardware, resolve
 from .space import SearchSpace, check_space, load_space
 from .tracking import Tracker, ui_command
@@ -28,8 +28,23 @@ GRACE_S = 30
 Print = Callable[[str], None]
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage for ``url``, with heartbeats, or a one-line error."""
+def open_storage(url: str) -> Any:
+    """Optuna's storage for ``url``: a database (RDB storage with heartbeats) or a study
+    server (``autotune://HOST:PORT``, Optuna's gRPC proxy); or a one-line error."""
+    if url.startswith("autotune://"):
+        host, _, port = url.removeprefix("autotune://").rstrip("/").rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"study server address {url!r} must be autotune://HOST:PORT")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                proxy = optuna.storages.GrpcStorageProxy(host=host, port=int(port))
+                proxy.get_all_studies()  # fails now, not in the middle of a study
+                return proxy
+        except Exception as e:
+            first = " ".join(str(e).split())[:200]
+            raise ConfigError(f"cannot reach the study server at {host}:{port}: {first}; is "
+                              "`autotune server` running there?") from e
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -72,10 +87,12 @@ def format_result(r: TrialResult, metric: str) -> str:
 
 
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
-    """Trials that ran and ended; points dropped for violating a constraint do not count."""
+    """Trials that ran and ended. Points dropped for violating a constraint, and trials
+    interrupted to resume elsewhere (their resumption counts), do not count."""
     return [t for t in study.get_trials(deepcopy=False)
             if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-            and t.user_attrs.get("outcome") != "infeasible"]
+            and t.user_attrs.get("outcome") != "infeasible"
+            and t.user_attrs.get("stop_reason") != "interrupted"]
 
 
 def _counts(trials: list[FrozenTrial]) -> dict[str, int]:
@@ -95,6 +112,15 @@ def _absolute_data(cfg: StudyConfig) -> StudyConfig:
         trainer = dataclasses.replace(cfg.trainer, data=data)
         return dataclasses.replace(cfg, trainer=trainer)
     return cfg
+
+
+def _absolute_paths(cfg: StudyConfig) -> StudyConfig:
+    """Local paths made absolute, so workers started elsewhere find the same folders."""
+    _, artifacts = resolve_tracking_uri(cfg.tracking_uri)
+    tracking = cfg.tracking_uri if artifacts is None else str(
+        Path(cfg.tracking_uri).expanduser().resolve())
+    return dataclasses.replace(cfg, tracking_uri=tracking,
+                               run_dir=str(Path(cfg.run_dir).expanduser().resolve()))
 
 
 def _prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
@@ -122,7 +148,7 @@ def _print(line: str) -> None:
 
 def run_study(cfg: StudyConfig, echo: Print = _print) -> int:
     """Runs the study ``cfg`` describes until its budget is spent; returns an exit code."""
-    cfg = _absolute_data(cfg)
+    cfg = _absolute_paths(_absolute_data(cfg))
     cfg, space, size = _prepare(cfg)
     storage = open_storage(cfg.storage)
     folder = Path(cfg.run_dir) / cfg.study_name
@@ -132,7 +158,7 @@ def run_study(cfg: StudyConfig, echo: Print = _print) -> int:
                        "autotune.storage": cfg.storage.split(":", 1)[0]})
     study = optuna.create_study(
         study_name=cfg.study_name, storage=storage, direction="minimize", load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=5),
+        sampler=make_sampler(cfg, cfg.seed),
         pruner=make_pruner(cfg))
     optuna.storages.fail_stale_trials(study)
     existing = study.get_trials(deepcopy=False)
@@ -151,13 +177,41 @@ def run_study(cfg: StudyConfig, echo: Print = _print) -> int:
     if todo == 0:
         echo(f"study {cfg.study_name!r} already has {done} finished trials; raise --n-trials "
              "to run more")
+    elif cfg.workers == 0:
+        _wait_for_remote_workers(cfg, study, echo)
     else:
         _run_workers(cfg, space, size, tracker, study, storage, todo, echo)
     return _summarize(cfg, study, tracker, echo)
 
 
+def result_of(trial: FrozenTrial) -> TrialResult:
+    """A finished trial's result, as recorded in the study store."""
+    attrs = trial.user_attrs
+    return TrialResult(trial.number, dict(attrs.get("params", trial.params)),
+                       str(attrs.get("outcome", "failed")), str(attrs.get("stop_reason", "")),
+                       value=trial.value, best_metric=float(attrs.get("best_metric", 0.0)),
+                       evals=len(attrs.get("curve", [])), detail=str(attrs.get("detail", "")))
+
+
+def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, echo: Print) -> None:
+    """No local worker: report trials as remote workers finish them, until the budget."""
+    stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
+    echo(f"study {cfg.study_name!r} waits for workers: autotune worker --storage "
+         f"{cfg.storage} --study {cfg.study_name}")
+    shown: set[int] = {t.number for t in _finished(study)}
+    while stop_at is None or time.monotonic() < stop_at:
+        finished = _finished(study)
+        for t in sorted(finished, key=lambda t: t.number):
+            if t.number not in shown:
+                shown.add(t.number)
+                echo(format_result(result_of(t), cfg.target.metric))
+        if cfg.budget.n_trials is not None and len(finished) >= cfg.budget.n_trials:
+            return
+        time.sleep(2)
+
+
 def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Tracker,
-                 study: optuna.Study, storage: optuna.storages.RDBStorage, todo: int | None,
+                 study: optuna.Study, storage: Any, todo: int | None,
                  echo: Print) -> None:
     stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
     folder = tracker.folder

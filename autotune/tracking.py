@@ -103,12 +103,14 @@ class Tracker:
             self.outbox.submit({"op": "artifact", "run": STUDY_KEY, "path": str(path)})
 
     def start_trial(self, number: int, params: Mapping[str, Any], derived: Mapping[str, Any],
-                    plan: Mapping[str, Any]) -> str:
+                    plan: Mapping[str, Any], attempt: int = 1,
+                    tags: Mapping[str, str] | None = None) -> str:
         key = trial_key(number)
         self.outbox.submit({"op": "create_run", "key": key, "name": key, "parent": STUDY_KEY,
                             "tags": {KIND_TAG: "trial", STUDY_TAG: self.study_name,
                                      "optuna.trial_number": str(number),
-                                     "optuna.state": "RUNNING", "autotune.attempt": "1"},
+                                     "optuna.state": "RUNNING", "autotune.attempt": str(attempt),
+                                     **(tags or {})},
                             "start_ms": _now_ms()})
         self._log(key, params={**params, **derived})
         path = self._file(f"{key}/plan.json", json.dumps(plan, indent=2))

@@ -12,7 +12,8 @@ stores every learning curve (accuracy against elapsed seconds, per epoch) in
 ``compare`` replays studies on a simulated clock against those curves: a proposed
 configuration trains as its nearest recorded one, and its training returns the recorded
 evaluations up to the moment a pruner stops it; each trial also pays its recorded launch and
-setup overhead. Methods: autotune (TPE with constraints + TimeToAccuracyPruner), TPE +
+setup overhead. Methods: autotune (its exploring TPE with constraints +
+TimeToAccuracyPruner), TPE +
 MedianPruner and TPE + SuccessiveHalvingPruner (both on epoch steps), TPE without pruning,
 random search without pruning. The baselines tell a trial that missed the target the
 documented penalty value (twice the longest recorded trial), and pruned trials as PRUNED.
@@ -42,6 +43,7 @@ import optuna  # noqa: E402
 
 from autotune.objective import TrialResult, tell_result  # noqa: E402
 from autotune.pruners import CURVE_KEY, ELAPSED_KEY, TimeToAccuracyPruner  # noqa: E402
+from autotune.samplers import ExploringTPESampler  # noqa: E402
 from autotune.space import InfeasiblePoint, SearchSpace, load_space  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "quickstart_curves.jsonl"
@@ -139,6 +141,7 @@ class Replay:
             seed=seed, n_startup_trials=5)
         pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
         if method == "autotune":
+            sampler = ExploringTPESampler(seed=seed)
             pruner = TimeToAccuracyPruner(TARGET, num_classes=10)
         elif method == "tpe_median":
             pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)

@@ -98,7 +98,7 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(case, workdir, capsys)
     (["--n-trials", "0"], "--n-trials must be a positive integer, got 0"),
     (["--timeout", "-5"], "--timeout must be positive, got -5.0"),
     (["--max-trial-seconds", "0"], "--max-trial-seconds must be positive"),
-    (["--workers", "0"], "--workers must be at least 1"),
+    (["--workers", "-1"], "--workers must be 0 or more"),
     (["--study-name", "a b"], "--study-name 'a b' must be"),
     (["--storage", "study.db"], "--storage 'study.db' is not a database URL"),
 ])

@@ -52,7 +52,7 @@ def test_a_resumed_run_continues_the_schedule_and_clock_and_ends_where_the_full_
     resumed_plan = plan_for(tmp_path, resume_from=str(tmp_path / "checkpoint"))
     second = drive(resumed_plan, tmp_path / "second")
     start = second[0]
-    assert start["resumed_at_s"] == pytest.approx(end["elapsed_s"], abs=1e-6)
+    assert start["resumed_at_s"] == pytest.approx(end["checkpoint_elapsed_s"], abs=1e-9)
     combined = evals(first) + evals(second)
     # The same evaluations at the same steps, and the LR of each step is the planned one.
     assert [m["step"] for m in combined] == [m["step"] for m in full] == [11, 22, 33, 44]
@@ -62,8 +62,8 @@ def test_a_resumed_run_continues_the_schedule_and_clock_and_ends_where_the_full_
     # The clock continues: no reset, no jump beyond the training done after the checkpoint.
     times = [m["elapsed_s"] for m in combined]
     assert times == sorted(times)
-    assert evals(second)[0]["elapsed_s"] > end["elapsed_s"]
-    assert evals(second)[0]["elapsed_s"] - end["elapsed_s"] < 2 * (times[1] - times[0]) + 5
+    assert evals(second)[0]["elapsed_s"] > end["checkpoint_elapsed_s"]
+    assert evals(second)[0]["elapsed_s"] - end["checkpoint_elapsed_s"] < 2 * (times[1] - times[0])
     assert second[-1]["steps"] == 44 and second[-1]["reason"] == "planned_epochs"
     assert combined[-1]["top1"] == pytest.approx(full[-1]["top1"], abs=2 / 360)
     assert combined[-1]["loss"] == pytest.approx(full[-1]["loss"], rel=0.05)
@@ -73,9 +73,9 @@ def test_sigterm_makes_every_rank_checkpoint_and_exit_cleanly(tmp_path):
     def terminate_after_first_eval(msg, channel, process):
         if msg["type"] == "eval" and msg["index"] == 0:
             for child in psutil.Process(process.proc.pid).children(recursive=True):
-                if "image_classifier" in " ".join(child.cmdline()):
+                if any(arg.startswith("--local_rank") for arg in child.cmdline()):  # ranks
                     os.kill(child.pid, signal.SIGTERM)
 
     messages = drive(plan_for(tmp_path), tmp_path / "run", on_message=terminate_after_first_eval)
     assert messages[-1]["reason"] == "checkpointed"
-    assert (tmp_path / "checkpoint" / "latest").is_dir()
+    assert (tmp_path / "checkpoint" / "autotune").is_dir()

@@ -4,14 +4,21 @@
 
 The plan (JSON, written by autotune's worker) fixes everything: model, data, global batch as
 micro-batch x accumulation x world size, optimizer, peak LR and schedule, label smoothing,
-target, evaluation frequency and time limits. Rank 0 reports every evaluation through
-:mod:`trainers.reporter` (``--report-to HOST:PORT``; without it, JSON lines on stdout).
+target, evaluation frequency, time limits, precision, and where to checkpoint. Rank 0 reports
+every evaluation through :mod:`trainers.reporter` (``--report-to HOST:PORT``; without it,
+JSON lines on stdout).
 
-Time accounting: the clock starts when rank 0 begins the first training step, after the process
-group, model and data are ready (that setup is ``setup_s``). Evaluation time counts. Time spent
-waiting for the worker's reply is not training: it is reported as ``control_s`` and left out of
-``elapsed_s``. The trial's time-to-accuracy is ``elapsed_s`` at the end of the first evaluation
-whose target metric reaches the target.
+Time accounting: the clock starts when rank 0 begins the first training step, after the
+process group, model and data are ready (that setup is ``setup_s``). Evaluation time counts.
+Time spent waiting for the worker's reply is not training: it is reported as ``control_s`` and
+left out of ``elapsed_s``. The trial's time-to-accuracy is ``elapsed_s`` at the end of the
+first evaluation whose target metric reaches the target. A resumed run continues the clock
+where its checkpoint left it.
+
+Checkpoints: on SIGTERM, or when the worker asks (a ``checkpoint`` message at any time, or a
+``checkpoint`` action in a reply), every rank saves its part (DeepSpeed's model, optimizer and
+scheduler state; each rank's RNG states; the data position and the clock) under
+``plan["checkpoint_dir"]``. A plan with ``resume_from`` continues from such a checkpoint.
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ import argparse
 import json
 import math
 import os
+import random
+import signal
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +41,24 @@ if __package__ in (None, ""):  # started as a script by the launcher
 import torch
 import torch.distributed as dist
 
-from trainers import data as datamod
 from trainers.reporter import Reporter, connect
 from trainers.schedule import lr_factor
+from trainers.sources import Source, open_source
 
 # Stop codes, agreed across ranks with an all-reduce(MAX) after each optimizer step.
-_GO, _DEADLINE, _MAX_SECONDS, _STOPPED, _DIVERGED = 0, 1, 2, 3, 4
+_GO, _DEADLINE, _MAX_SECONDS, _STOPPED, _CHECKPOINT, _DIVERGED, _OOM = range(7)
+_TAG = "autotune"  # the checkpoint's folder under checkpoint_dir
 _REASONS = {_DEADLINE: "bound", _MAX_SECONDS: "max_seconds", _STOPPED: "stopped",
-            _DIVERGED: "diverged"}
+            _CHECKPOINT: "checkpointed", _DIVERGED: "diverged", _OOM: "oom"}
 
 
-def build_model(plan: dict[str, Any]) -> torch.nn.Module:
+def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
     import torchvision
 
     factory = getattr(torchvision.models, plan["model"], None)
     if factory is None:
         raise ValueError(f"unknown model {plan['model']!r}; use a torchvision model name")
-    return factory(num_classes=plan["num_classes"],
+    return factory(num_classes=num_classes,
                    zero_init_residual=bool(plan.get("zero_init_residual", False)))
 
 
@@ -76,34 +87,16 @@ def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim
 
 
 class Clock:
-    """Elapsed training time on rank 0, excluding time spent waiting for the worker."""
+    """Elapsed training time on rank 0, excluding time spent waiting for the worker; a resumed
+    run starts from the checkpoint's elapsed time."""
 
-    def __init__(self) -> None:
+    def __init__(self, offset: float = 0.0) -> None:
         self.start = time.perf_counter()
+        self.offset = offset
         self.control_s = 0.0
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start - self.control_s
-
-
-def evaluate(engine: Any, val: datamod.Split, rank: int, world: int, batch: int,
-             device: torch.device) -> dict[str, float]:
-    """Top-1, top-5 and mean loss over the whole validation set, sharded over the ranks."""
-    engine.eval()
-    sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss sum, count
-    with torch.no_grad():
-        for idx in datamod.batches(datamod.eval_shard(len(val), rank, world), batch):
-            x, y = val.images[idx].to(device), val.labels[idx].to(device)
-            logits = engine(x).float()
-            top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-            sums[0] += (top5[:, 0] == y).sum().item()
-            sums[1] += (top5 == y[:, None]).any(dim=1).sum().item()
-            sums[2] += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
-            sums[3] += len(y)
-    dist.all_reduce(sums)
-    engine.train()
-    n = sums[3].item()
-    return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n}
+        return self.offset + time.perf_counter() - self.start - self.control_s
 
 
 def _agree(*codes: int) -> list[int]:
@@ -116,136 +109,270 @@ def _agree(*codes: int) -> list[int]:
 def _broadcast(values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.broadcast(t, src=0)
-    return t.tolist()
+    return [float(v) for v in t.tolist()]
 
 
-def train(plan: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
-    wall0 = time.perf_counter()
-    on_gpu = plan.get("device", "cpu") == "cuda"
-    import deepspeed
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world != plan["world_size"]:
-        raise SystemExit(f"the plan is for {plan['world_size']} ranks, but {world} started")
-    torch.manual_seed(plan["seed"] + rank)
-    if not on_gpu:
-        torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu \
-        else torch.device("cpu")
 
-    train_set, val_set = datamod.load(plan["data"])
-    model = build_model(plan).to(device)
-    optimizer = build_optimizer(model, plan)
-    schedule = plan["schedule"]
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, schedule))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                           lr_scheduler=scheduler, config=plan["deepspeed"])
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])
-    micro, accum = plan["micro_batch"], plan["grad_accum"]
-    per_rank_epoch = plan["steps_per_epoch"] * micro * accum
-    every_steps = int(plan.get("eval_every_steps") or 0)
-    every_s = float(plan.get("eval_every_s") or 0.0)
-    if not every_steps and not every_s:
-        every_steps = plan["steps_per_epoch"]
-    last_eval_at = 0.0
-    target_metric, target = plan["target"]["metric"], plan["target"]["value"]
+class Trainer:
+    """One rank of one trial."""
 
-    deadline = None
-    if rank == 0:
-        reply = reporter.send({"type": "start", "setup_s": time.perf_counter() - wall0,
-                               "world_size": world, "hosts": [os.uname().nodename]})
-        deadline = reply.get("deadline_s")
-    deadline_v = _broadcast([-1.0 if deadline is None else float(deadline)])[0]
-    dist.barrier()
-    setup_s = time.perf_counter() - wall0
-    clock = Clock()
-    train_s = eval_s = 0.0
-    step = evals = 0
-    since_eval_samples, since_eval_train_s = 0, 0.0
-    reason, best = "planned_epochs", {"top1": 0.0, "top5": 0.0}
-    reached_at = None
-    stop = _GO
-    for epoch in range(plan["epochs"]):
-        order = datamod.epoch_shard(len(train_set), epoch, plan["seed"], rank, world,
-                                    per_rank_epoch)
-        for s in range(plan["steps_per_epoch"]):
-            t = time.perf_counter()
-            code = _GO
-            for a in range(accum):
-                idx = order[(s * accum + a) * micro:(s * accum + a + 1) * micro]
-                x, y = train_set.images[idx].to(device), train_set.labels[idx].to(device)
-                loss = criterion(engine(x), y)
-                if _agree(_GO if math.isfinite(loss.item()) else _DIVERGED)[0] != _GO:
-                    code = _DIVERGED  # every rank leaves before backward: no collective hangs
-                    break
-                engine.backward(loss)
-                engine.step()
-            step += 1
-            due = 0
-            if rank == 0 and code == _GO:
-                now = clock.elapsed()
-                if 0 < plan["max_seconds"] < now:
-                    code = _MAX_SECONDS
-                elif deadline_v > 0 and now > deadline_v:
-                    code = _DEADLINE
-                due = int(every_s > 0 and now - last_eval_at >= every_s)
-            code, due = _agree(code, due)
-            dt = time.perf_counter() - t
-            train_s += dt
-            since_eval_train_s += dt
-            since_eval_samples += micro * accum * world
+    def __init__(self, plan: dict[str, Any], reporter: Reporter) -> None:
+        self.plan = plan
+        self.reporter = reporter
+        self.wall0 = time.perf_counter()
+        self.terminate = False
+        # Everything a checkpoint carries besides the model, optimizer and RNG states. Rank 0's
+        # copy is the one saved; control_s counts control time before the last resume.
+        self.state: dict[str, Any] = {"epoch": 0, "step_in_epoch": 0, "step": 0, "evals": 0,
+                                      "elapsed": 0.0, "train_s": 0.0, "eval_s": 0.0,
+                                      "control_s": 0.0, "best": {"top1": 0.0, "top5": 0.0},
+                                      "last_eval_at": 0.0, "deadline": -1.0}
+
+    # -- setup --------------------------------------------------------------------------------
+    def setup(self) -> None:
+        plan = self.plan
+        self.on_gpu = plan.get("device", "cpu") == "cuda"
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world != plan["world_size"]:
+            raise SystemExit(f"the plan is for {plan['world_size']} ranks, but {self.world} "
+                             "started")
+        torch.manual_seed(plan["seed"])
+        random.seed(plan["seed"])
+        if self.on_gpu:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = True
+        else:
+            self.device = torch.device("cpu")
+            torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
+        self.source: Source = open_source(plan["data"], self.on_gpu)
+        model = build_model(plan, self.source.num_classes).to(self.device)
+        if self.on_gpu:
+            model = model.to(memory_format=torch.channels_last)
+        optimizer = build_optimizer(model, plan)
+        schedule = plan["schedule"]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, schedule))
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                    lr_scheduler=self.scheduler,
+                                                    config=plan["deepspeed"])
+        if plan.get("compile"):
+            self.engine.compile()  # DeepSpeed compiles the wrapped module with torch.compile
+        self.forward = self.engine
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])
+        if plan.get("resume_from"):
+            self._load(Path(plan["resume_from"]))
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.terminate = True
+
+    def _autocast(self) -> Any:
+        if self.on_gpu and self.plan.get("precision", "bf16") == "bf16":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if self.on_gpu:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save(self, clock: Clock) -> float:
+        """Saves a checkpoint; returns the elapsed seconds it holds (a resume starts there)."""
+        folder = Path(self.plan["checkpoint_dir"])
+        state = {**self.state, "elapsed": clock.elapsed(),
+                 "control_s": self.state["control_s"] + clock.control_s}
+        self.engine.save_checkpoint(str(folder), tag=_TAG, client_state={"autotune": state})
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+               "cuda": torch.cuda.get_rng_state_all() if self.on_gpu else None}
+        torch.save(rng, folder / f"rng-rank{self.rank}.pt")
+        dist.barrier()
+        return float(state["elapsed"])
+
+    def _load(self, folder: Path) -> None:
+        _, client = self.engine.load_checkpoint(str(folder), tag=_TAG)
+        if not client or "autotune" not in client:
+            raise SystemExit(f"{folder} holds no autotune checkpoint")
+        self.state.update(client["autotune"])
+        rng = torch.load(folder / f"rng-rank{self.rank}.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if self.on_gpu and rng.get("cuda") is not None:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Top-1, top-5 and mean loss over the whole validation set, sharded over the ranks."""
+        self.engine.eval()
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        with torch.no_grad(), self._autocast():
+            for x, y in self.source.eval_batches(self.rank, self.world, self.plan["eval_batch"]):
+                x, y = self._to_device(x, y)
+                logits = self.forward(x).float()
+                top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+                sums[0] += (top5[:, 0] == y).sum()
+                sums[1] += (top5 == y[:, None]).any(dim=1).sum()
+                sums[2] += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+                sums[3] += len(y)
+        dist.all_reduce(sums)
+        self.engine.train()
+        n = sums[3].item()
+        return {"top1": sums[0].item() / n, "top5": sums[1].item() / n,
+                "loss": sums[2].item() / n}
+
+    # -- training -----------------------------------------------------------------------------
+    def _step(self, batches: Any) -> int:
+        """One optimizer step (``grad_accum`` micro-batches); a stop code."""
+        for _ in range(self.plan["grad_accum"]):
+            x, y = self._to_device(*next(batches))
+            try:
+                with self._autocast():
+                    loss = self.criterion(self.forward(x), y)
+                code = _GO if math.isfinite(loss.item()) else _DIVERGED
+            except RuntimeError as e:
+                if not _is_oom(e):
+                    raise
+                code = _OOM
+            code = _agree(code)[0]
             if code != _GO:
-                stop = code
-                break
-            if due or (every_steps and step % every_steps == 0) or step == plan["total_steps"]:
+                return code  # every rank leaves before backward: no collective hangs
+            try:
+                self.engine.backward(loss)
+                self.engine.step()
+            except RuntimeError as e:
+                if not _is_oom(e):
+                    raise
+                return _OOM  # out of memory in backward: the other ranks fail the same way
+        return _GO
+
+    def run(self) -> dict[str, Any]:
+        plan, st = self.plan, self.state
+        micro, accum, spe = plan["micro_batch"], plan["grad_accum"], plan["steps_per_epoch"]
+        every_steps = int(plan.get("eval_every_steps") or 0)
+        every_s = float(plan.get("eval_every_s") or 0.0)
+        if not every_steps and not every_s:
+            every_steps = spe
+        target_metric, target = plan["target"]["metric"], plan["target"]["value"]
+        if self.rank == 0:
+            reply = self.reporter.send({"type": "start", "setup_s": time.perf_counter() -
+                                        self.wall0, "world_size": self.world,
+                                        "hosts": [os.uname().nodename],
+                                        "resumed_at_s": st["elapsed"] if plan.get(
+                                            "resume_from") else None})
+            st["deadline"] = float(reply.get("deadline_s") or -1.0)
+        st["deadline"] = _broadcast([st["deadline"]])[0]
+        dist.barrier()
+        setup_s = time.perf_counter() - self.wall0
+        clock = Clock(st["elapsed"])
+        samples_since, train_since = 0, 0.0
+        reason, reached_at, stop = "planned_epochs", None, _GO
+        while st["epoch"] < plan["epochs"] and stop == _GO and reason != "reached":
+            batches = self.source.train_batches(st["epoch"], plan["seed"], self.rank, self.world,
+                                                spe * micro * accum, micro,
+                                                skip=st["step_in_epoch"] * accum)
+            if plan.get("shard_log"):  # an audit trail: which samples this rank trains on
+                with open(f"{plan['shard_log']}.rank{self.rank}", "a") as log:
+                    log.write(json.dumps({"epoch": st["epoch"],
+                                          "indices": self.source.last_order.tolist()}) + "\n")
+            while st["step_in_epoch"] < spe:
                 t = time.perf_counter()
-                metrics = evaluate(engine, val_set, rank, world, plan["eval_batch"], device)
-                eval_s += time.perf_counter() - t
-                evals += 1
-                for k in ("top1", "top5"):
-                    best[k] = max(best[k], metrics[k])
-                decision = [0.0, deadline_v]
-                if rank == 0:
-                    elapsed = last_eval_at = clock.elapsed()
-                    report = {"type": "eval", "index": evals - 1, "elapsed_s": elapsed,
-                              "epoch": step / plan["steps_per_epoch"], "step": step,
-                              "samples": step * plan["global_batch"],
-                              "lr": scheduler.get_last_lr()[0],
-                              "images_per_s": since_eval_samples / max(since_eval_train_s, 1e-9),
-                              **metrics}
-                    if metrics[target_metric] >= target:
-                        reached_at = elapsed
-                        report["reached"] = True
-                    waited = time.perf_counter()
-                    reply = reporter.send(report)
-                    clock.control_s += time.perf_counter() - waited
-                    decision = [1.0 if reply.get("action") == "stop" else 0.0,
-                                float(reply.get("deadline_s") or -1.0)]
-                    if reached_at is not None:
-                        decision[0] = 2.0
-                decision = _broadcast(decision)
-                since_eval_samples, since_eval_train_s = 0, 0.0
-                deadline_v = decision[1]
-                if decision[0] == 2.0:
-                    reason = "reached"
+                code = self._step(batches)
+                st["step"] += 1
+                st["step_in_epoch"] += 1
+                due = 0
+                if self.rank == 0 and code == _GO:
+                    now = clock.elapsed()
+                    if 0 < plan["max_seconds"] < now:
+                        code = _MAX_SECONDS
+                    elif st["deadline"] > 0 and now > st["deadline"]:
+                        code = _DEADLINE
+                    elif self.reporter.asked("checkpoint"):
+                        code = _CHECKPOINT
+                    due = int(every_s > 0 and now - st["last_eval_at"] >= every_s)
+                if self.terminate:
+                    code = max(code, _CHECKPOINT)
+                code, due = _agree(code, due)
+                dt = time.perf_counter() - t
+                st["train_s"] += dt
+                train_since += dt
+                samples_since += micro * accum * self.world
+                if code != _GO:
+                    stop = code
                     break
-                if decision[0] == 1.0:
-                    stop = _STOPPED
-                    break
-        if reason == "reached" or stop != _GO:
-            break
-    if stop != _GO:
-        reason = _REASONS[stop]
-    summary = {"type": "end", "reason": reason, "tta_s": reached_at, "setup_s": setup_s,
-               "train_s": train_s, "eval_s": eval_s, "control_s": clock.control_s,
-               "elapsed_s": clock.elapsed(), "wall_s": time.perf_counter() - wall0,
-               "steps": step, "evals": evals, "best_top1": best["top1"],
-               "best_top5": best["top5"]}
-    if rank == 0:
-        reporter.send(summary)
-    dist.barrier()
-    return summary
+                last = st["step"] == plan["total_steps"]
+                if due or (every_steps and st["step"] % every_steps == 0) or last:
+                    action = self._evaluate_and_report(clock, samples_since, train_since,
+                                                       target_metric, target)
+                    samples_since, train_since = 0, 0.0
+                    if action == "reached":
+                        reached_at, reason = st["last_eval_at"], "reached"
+                        break
+                    if action == "stop":
+                        stop = _STOPPED
+                        break
+                    if action == "checkpoint":
+                        self.save(clock)
+            else:
+                st["epoch"] += 1
+                st["step_in_epoch"] = 0
+        saved_at = self.save(clock) if stop == _CHECKPOINT else None
+        if plan.get("save_model") and self.rank == 0:
+            torch.save(self.engine.module.state_dict(), plan["save_model"])
+        if stop != _GO:
+            reason = _REASONS[stop]
+        summary = {"type": "end", "reason": reason, "tta_s": reached_at, "setup_s": setup_s,
+                   "train_s": st["train_s"], "eval_s": st["eval_s"],
+                   "control_s": st["control_s"] + clock.control_s,
+                   "elapsed_s": clock.elapsed(),
+                   "wall_s": time.perf_counter() - self.wall0, "steps": st["step"],
+                   "evals": st["evals"], "best_top1": st["best"]["top1"],
+                   "best_top5": st["best"]["top5"], "micro_batch": micro}
+        if saved_at is not None:
+            summary["checkpoint"] = str(self.plan["checkpoint_dir"])
+            summary["checkpoint_elapsed_s"] = saved_at
+        if self.rank == 0:
+            self.reporter.send(summary)
+        dist.barrier()
+        return summary
+
+    def _evaluate_and_report(self, clock: Clock, samples: int, train_s: float, metric: str,
+                             target: float) -> str:
+        """Evaluates, reports (rank 0), and returns the agreed action: go, stop, reached or
+        checkpoint."""
+        plan, st = self.plan, self.state
+        t = time.perf_counter()
+        metrics = self.evaluate()
+        st["eval_s"] += time.perf_counter() - t
+        st["evals"] += 1
+        for k in ("top1", "top5"):
+            st["best"][k] = max(st["best"][k], metrics[k])
+        decision = [0.0, st["deadline"]]
+        if self.rank == 0:
+            elapsed = st["last_eval_at"] = clock.elapsed()
+            report = {"type": "eval", "index": st["evals"] - 1, "elapsed_s": elapsed,
+                      "epoch": st["step"] / plan["steps_per_epoch"], "step": st["step"],
+                      "samples": st["step"] * plan["global_batch"],
+                      "lr": self.scheduler.get_last_lr()[0],
+                      "images_per_s": samples / max(train_s, 1e-9), **metrics}
+            reached = metrics[metric] >= target
+            if reached:
+                report["reached"] = True
+            waited = time.perf_counter()
+            reply = self.reporter.send(report)
+            clock.control_s += time.perf_counter() - waited
+            action = reply.get("action")
+            decision = [2.0 if reached else {"stop": 1.0, "checkpoint": 3.0}.get(action, 0.0),
+                        float(reply.get("deadline_s") or -1.0)]
+        code, st["deadline"] = _broadcast(decision)
+        return {0.0: "go", 1.0: "stop", 2.0: "reached", 3.0: "checkpoint"}[code]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", 0))
     reporter = connect(args.report_to) if rank == 0 else connect(None)
     try:
-        train(plan, reporter)
+        trainer = Trainer(plan, reporter)
+        trainer.setup()
+        trainer.run()
     finally:
         reporter.close()
         if dist.is_initialized():

@@ -9,6 +9,9 @@ lines. Each message the trainer sends gets exactly one reply:
   (elapsed seconds after which the trainer stops on its own, without waiting for an evaluation).
 * ``{"type": "end", "reason": ...}`` once, last. The reply is ``{"action": "ack"}``.
 
+The worker may also send, at any time, a request ``{"request": "checkpoint"}``: the trainer
+saves a checkpoint at its next step and stops (``reason`` "checkpointed").
+
 Without ``--report-to`` the :class:`PrintReporter` writes the same messages to stdout and
 always answers "continue", so a trainer runs standalone.
 """
@@ -16,6 +19,7 @@ always answers "continue", so a trainer runs standalone.
 from __future__ import annotations
 
 import json
+import select
 import socket
 from typing import Any
 
@@ -29,6 +33,10 @@ class Reporter:
 
     def send(self, message: Message) -> Message:
         raise NotImplementedError
+
+    def asked(self, request: str) -> bool:
+        """True once the worker has sent ``request`` (checked without blocking)."""
+        return False
 
     def close(self) -> None:
         """Releases the channel."""
@@ -50,22 +58,40 @@ class SocketReporter(Reporter):
     def __init__(self, address: str, timeout_s: float = 60.0) -> None:
         host, _, port = address.rpartition(":")
         self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
-        self._file = self._sock.makefile("rwb")
+        self._sock.settimeout(None)
+        self._buffer = b""
+        self._requests: set[str] = set()
+
+    def _line(self, block: bool) -> Message | None:
+        """The next message from the worker; None when ``block`` is off and none is there."""
+        while b"\n" not in self._buffer:
+            if not block and not select.select([self._sock], [], [], 0)[0]:
+                return None
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the worker closed the report channel")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message: Message = json.loads(line)
+        return message
 
     def send(self, message: Message) -> Message:
-        self._file.write(json.dumps(message).encode() + b"\n")
-        self._file.flush()
-        line = self._file.readline()
-        if not line:
-            raise ConnectionError("the worker closed the report channel")
-        reply: Message = json.loads(line)
-        return reply
+        self._sock.sendall(json.dumps(message).encode() + b"\n")
+        while True:
+            reply = self._line(block=True)
+            if reply is None:  # unreachable: a blocking read returns a message or raises
+                continue
+            if "request" not in reply:
+                return reply
+            self._requests.add(str(reply["request"]))  # unsolicited: kept for asked()
+
+    def asked(self, request: str) -> bool:
+        while (message := self._line(block=False)) is not None:
+            self._requests.add(str(message.get("request")))
+        return request in self._requests
 
     def close(self) -> None:
-        try:
-            self._file.close()
-        finally:
-            self._sock.close()
+        self._sock.close()
 
 
 def connect(address: str | None) -> Reporter:

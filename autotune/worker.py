@@ -1,0 +1,83 @@
+"""`autotune worker`: join a study from any machine and run its trials one after another.
+
+The study carries everything a worker needs: its config and its search space (JSON, stored
+when the study was created), so a worker only needs the storage (a database URL, or a study
+server's ``autotune://HOST:PORT``) and the study's name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from .config import StudyConfig
+from .errors import ConfigError
+from .objective import TrialRunner, make_pruner, make_sampler
+from .space import SearchSpace
+from .study import _finished, format_result, open_storage, quiet_libraries
+from .tracking import Tracker
+
+__all__ = ["run_worker"]
+
+
+def _load(storage: Any, study_name: str) -> tuple[optuna.Study, StudyConfig, SearchSpace]:
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError as e:
+        raise ConfigError(f"no study {study_name!r} there; create it with `autotune start "
+                          "study FILE --workers 0`") from e
+    attrs = study.user_attrs
+    if "config" not in attrs or "search_space" not in attrs:
+        raise ConfigError(f"study {study_name!r} was not created by autotune start study")
+    cfg = StudyConfig.from_dict(attrs["config"])
+    space = SearchSpace.from_dict(attrs["search_space"])
+    study = optuna.load_study(study_name=study_name, storage=storage,
+                              sampler=make_sampler(cfg, None),  # own seed: no duplicates
+                              pruner=make_pruner(cfg))
+    return study, cfg, space
+
+
+def _budget_left(study: optuna.Study, cfg: StudyConfig) -> bool:
+    if cfg.budget.n_trials is None:
+        return True
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return len(_finished(study)) + len(running) < cfg.budget.n_trials
+
+
+def run_worker(storage_url: str, study_name: str,
+               echo: Callable[[str], None] = print) -> int:
+    """Takes trials of ``study_name`` until its budget is spent or SIGTERM arrives."""
+    from trainers.sources import train_size
+
+    quiet_libraries()
+    storage = open_storage(storage_url)
+    study, cfg, space = _load(storage, study_name)
+    name = f"{socket.gethostname()}-{os.getpid()}"
+    folder = Path(cfg.run_dir) / cfg.study_name
+    tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder / f"worker-{name}",
+                      {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"})
+    runner = TrialRunner(cfg, space, train_size(cfg.trainer.data), tracker, folder, None,
+                         storage)
+    stopping = []
+
+    def on_sigterm(*_: Any) -> None:  # checkpoint the running trial; it resumes elsewhere
+        stopping.append(True)
+        runner.interrupt()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    echo(f"worker {name} joined study {study_name!r} ({storage_url})")
+    try:
+        while not stopping and _budget_left(study, cfg):
+            echo(format_result(runner.run(study), cfg.target.metric))
+    finally:
+        tracker.close(timeout_s=60)
+    why = "stopped by SIGTERM" if stopping else "the study's budget is spent"
+    echo(f"worker {name}: {why}")
+    return 0

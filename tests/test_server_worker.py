@@ -1,0 +1,125 @@
+"""`autotune server`, `autotune worker` and `start study --workers 0` on real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+
+from autotune.config import database_url
+
+from ._services import free_port
+from .conftest import ROOT
+
+pytestmark = pytest.mark.postgres
+
+
+def autotune(*args: str, cwd) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def wait_for_port(port: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def test_a_remote_worker_runs_a_study_created_through_the_server(postgres, tmp_path):
+    url = postgres.database()
+    port = free_port()
+    server = autotune("server", "--storage", url, "--port", str(port), cwd=tmp_path)
+    try:
+        wait_for_port(port)
+        study = autotune("start", "study", "quickstart", "--storage",
+                         f"autotune://127.0.0.1:{port}", "--workers", "0", "--n-trials", "2",
+                         "--max-trial-seconds", "8", cwd=tmp_path)
+        time.sleep(3)
+        worker = autotune("worker", "--server", f"127.0.0.1:{port}", "--study", "quickstart",
+                          cwd=tmp_path)
+        out, err = study.communicate(timeout=400)
+        assert study.returncode == 0, err[-2000:]
+        w_out, w_err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, w_err[-2000:]
+    finally:
+        server.terminate()
+        server.wait(20)
+    assert "waits for workers" in out and out.count("[trial ") == 2
+    assert "joined study 'quickstart'" in w_out and "budget is spent" in w_out
+    trials = optuna.load_study(study_name="quickstart", storage=database_url(url)).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert trials[0].user_attrs["outcome"] == "reached"     # the warm start, on the worker
+
+
+def test_a_server_bound_beyond_localhost_warns_that_it_is_unauthenticated(postgres, tmp_path):
+    port = free_port()
+    server = autotune("server", "--storage", postgres.database(), "--host", "0.0.0.0",
+                      "--port", str(port), cwd=tmp_path)
+    try:
+        wait_for_port(port)
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=20)
+    assert "has no authentication and no TLS" in err
+
+
+def test_a_worker_for_an_unknown_study_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "autotune", "worker", "--storage",
+                             f"sqlite:///{tmp_path / 'x.db'}", "--study", "nope"],
+                            cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("autotune: error: no study 'nope'")
+
+
+def test_sigterm_checkpoints_the_running_trial_and_another_worker_resumes_it(postgres,
+                                                                             tmp_path):
+    url = postgres.database()
+    storage = database_url(url)
+    study = autotune("start", "study", "quickstart", "--storage", url, "--workers", "0",
+                     "--n-trials", "1", "--max-trial-seconds", "60", "--no-warm-start",
+                     "--seed", "3", cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            optuna.load_study(study_name="quickstart", storage=storage)
+            break
+        except KeyError:
+            time.sleep(1)
+    first = autotune("worker", "--storage", url, "--study", "quickstart", cwd=tmp_path)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:                     # until its first evaluation
+        trials = optuna.load_study(study_name="quickstart", storage=storage).trials
+        if any(t.user_attrs.get("curve") for t in trials):
+            break
+        time.sleep(0.5)
+    first.send_signal(15)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err[-2000:]
+    second = autotune("worker", "--storage", url, "--study", "quickstart", cwd=tmp_path)
+    out, err = study.communicate(timeout=400)
+    assert study.returncode == 0, err[-2000:]
+    second.communicate(timeout=120)
+
+    interrupted, resumed = [t for t in optuna.load_study(study_name="quickstart",
+                                                         storage=storage).trials
+                            if t.user_attrs.get("outcome") != "infeasible"]
+    assert interrupted.state.name == "FAIL"
+    assert interrupted.user_attrs["stop_reason"] == "interrupted"
+    assert resumed.state.name == "COMPLETE" and resumed.params == interrupted.params
+    assert resumed.user_attrs["lineage"] == [interrupted.number]
+    assert resumed.user_attrs["downtime_s"] > 0
+    before = interrupted.user_attrs["curve"][-1][0]
+    after = resumed.user_attrs["curve"][0][0]
+    assert after > before                                  # the clock continued
+    assert resumed.user_attrs["curve"][0][3] > interrupted.user_attrs["curve"][0][3]
