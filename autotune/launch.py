@@ -98,11 +98,20 @@ def trainer_env(device: str, threads_per_rank: int) -> dict[str, str]:
     return env
 
 
+def remove_shm_buffers(master_port: int) -> None:
+    """Deletes the shared-memory all-reduce buffers DeepSpeed's CPU ranks leave in /dev/shm
+    (about 64 MB each, never removed by DeepSpeed): without this, every trial leaks memory."""
+    for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{master_port}_*"):
+        path.unlink(missing_ok=True)
+
+
 class TrainerProcess:
     """The launcher and its ranks, in their own process group so they stop together."""
 
     def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
+        port = command[command.index("--master_port") + 1] if "--master_port" in command else ""
+        self.master_port = int(port) if port.isdigit() else None
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
         try:
             self.proc = subprocess.Popen(command, env=env, stdout=self._log,
@@ -137,6 +146,8 @@ class TrainerProcess:
             self.kill()
             code = self.proc.wait()
         self._log.close()
+        if self.master_port is not None:
+            remove_shm_buffers(self.master_port)
         return code
 
     def tail(self, lines: int = 5) -> str:

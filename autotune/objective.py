@@ -142,6 +142,8 @@ class TrialRunner:
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any]]:
         """A new trial and its parameters; points that violate a constraint are dropped
         (recorded as failed with outcome ``infeasible``, never trained nor counted)."""
+        if getattr(self.storage, "get_heartbeat_interval", None) is not None:
+            optuna.storages.fail_stale_trials(study)  # trials of workers that died
         for _ in range(MAX_INFEASIBLE):
             trial = study.ask()
             try:
@@ -152,6 +154,8 @@ class TrialRunner:
                 study.tell(trial, state=TrialState.FAIL)
                 continue
             trial.set_user_attr("params", params)
+            if trial.user_attrs.get(CURVE_KEY):  # a retry of a lost trial starts afresh
+                trial.set_user_attr(CURVE_KEY, [])
             return trial, params
         raise SpaceError(f"{MAX_INFEASIBLE} sampled points in a row violate the search space's "
                          "constraints; loosen them or narrow the ranges they depend on")

@@ -48,8 +48,11 @@ def open_storage(url: str) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(database_url(url), heartbeat_interval=HEARTBEAT_S,
-                                              grace_period=GRACE_S)
+            # A trial whose worker died (no heartbeat for GRACE_S) is failed by the next
+            # worker that asks for a trial, and its configuration is queued once more.
+            return optuna.storages.RDBStorage(
+                database_url(url), heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2))
     except Exception as e:
         first = " ".join(str(e).split())[:200]
         raise ConfigError(f"cannot open storage {url!r}: {first}") from e

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -65,6 +66,11 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                "--host", host, "--port", str(port)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(*_: object) -> None:  # SIGTERM stops the UI as Ctrl-C does: no orphan left
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         _wait_healthy(base, process, 120)
         echo(f"MLflow UI for {tracking_uri}: {experiment_url(base, exp) if exp else base}")

@@ -70,8 +70,9 @@ def _check_page(browser, url: str) -> None:
 
     browser.get(url)
 
-    def link(text: str):
-        return next((a for a in browser.find_elements(By.TAG_NAME, "a") if a.text == text), None)
+    def link(text: str):  # a run's link in the runs table (not the breadcrumb's)
+        return next((a for a in browser.find_elements(By.TAG_NAME, "a")
+                     if a.text == text and "/runs/" in (a.get_attribute("href") or "")), None)
 
     parent = _wait(lambda: link("quickstart"), 60, "the study's parent run")
     cell = parent.find_element(By.XPATH, "./ancestor::*[@role='gridcell'][1]")
