@@ -10,6 +10,7 @@ tensors (for throughput only). Every source shards the same way:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ class ImageFolderSource(Source):
             raise ValueError(f"{root}: train/ and val/ must hold the same class folders")
         self.num_classes = len(self.train.classes)
         self.train_len, self.val_len = len(self.train), len(self.val)
-        self.workers = int(spec.get("loader_workers", 4))
+        self.workers = int(spec.get("loader_workers", min(4, os.cpu_count() or 1)))
         self.pin = on_gpu
 
     def _loader(self, dataset: Any, indices: Sequence[int], batch: int) -> Iterator[Batch]:
