@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DIGITS_TRAIN", "DIGITS_VAL", "Split", "load", "train_size", "epoch_shard",
-           "eval_shard"]
+__all__ = ["DIGITS_TRAIN", "DIGITS_VAL", "Split", "load", "epoch_shard", "eval_shard",
+           "batches"]
 
 DIGITS_TRAIN = 1437
 DIGITS_VAL = 360
@@ -54,14 +54,6 @@ def load(spec: dict[str, Any]) -> tuple[Split, Split]:
     kind = spec.get("kind", "digits")
     if kind == "digits":
         return _digits(int(spec.get("image_size", 32)))
-    raise ValueError(f"unknown data kind {kind!r}; allowed: digits")
-
-
-def train_size(spec: dict[str, Any]) -> int:
-    """Number of training images of ``spec``, without loading them."""
-    kind = spec.get("kind", "digits")
-    if kind == "digits":
-        return DIGITS_TRAIN
     raise ValueError(f"unknown data kind {kind!r}; allowed: digits")
 
 
