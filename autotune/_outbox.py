@@ -136,6 +136,10 @@ class Outbox:
                 self._save()
                 self._lock.notify_all()
 
+    def known_run_id(self, key: str) -> str | None:
+        """The run id of ``key`` if this outbox created or found it already; no MLflow call."""
+        return self._runs.get(key)
+
     def run_id(self, key: str) -> str:
         """The MLflow run id of run ``key`` (created by an earlier ``create_run``)."""
         if key not in self._runs:

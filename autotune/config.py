@@ -54,6 +54,9 @@ class TrainerConfig:
     zero_init_residual: bool = False
     precision: str = "bf16"                 # on GPUs: bf16 autocast or fp32; CPUs use fp32
     compile: bool = False                   # torch.compile the model
+    checkpoint_every_s: float = 60.0        # a checkpoint at the first evaluation after this
+                                            # many training seconds, so a trial whose worker
+                                            # dies resumes from there; 0: only on SIGTERM
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class StudyConfig:
     pruner_margin: float = 1.0              # stop once elapsed > margin x best TTA
     pruner: str = "tta"                     # tta (autotune's); median or none: Optuna's
                                             # MedianPruner or no pruning, for comparisons
+    heartbeat_s: float = 10.0               # workers beat this often; one silent for 1.5
+                                            # beats is given up and its trial resumed elsewhere
     source: str = ""                        # where the config came from (file path or name)
     base_dir: str = "."                     # relative paths in the file are relative to this
 
@@ -205,6 +210,10 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
           f"must be at least 1, got {cfg.ranks_per_trial}")
     check(cfg.device in _DEVICES, "device",
           f"{cfg.device!r} is not allowed; use one of {', '.join(_DEVICES)}")
+    check(0.5 <= cfg.heartbeat_s <= 600, "heartbeat_s",
+          f"must be within [0.5, 600] seconds, got {cfg.heartbeat_s}")
+    check(cfg.trainer.checkpoint_every_s >= 0, "trainer.checkpoint_every_s",
+          f"must be 0 (off) or positive, got {cfg.trainer.checkpoint_every_s}")
     check(cfg.trainer.max_micro_batch >= 1, "trainer.max_micro_batch",
           f"must be at least 1, got {cfg.trainer.max_micro_batch}")
     check(cfg.pruner_margin >= 1.0, "pruner_margin", f"must be >= 1.0, got {cfg.pruner_margin}")

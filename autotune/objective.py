@@ -14,17 +14,22 @@ Outcomes (DESIGN.md):
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from ._retry import StoreUnavailable
 from .config import StudyConfig
 from .errors import AutotuneError, PlanError, SpaceError
 from .launch import (
@@ -40,6 +45,8 @@ from .pruners import CURVE_KEY, ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
 from .samplers import ExploringTPESampler
 from .space import InfeasiblePoint, SearchSpace
 from .tracking import Tracker
+
+log = logging.getLogger("autotune")
 
 __all__ = ["TrialResult", "TrialRunner", "make_pruner", "make_sampler", "optuna_state",
            "tell_result"]
@@ -99,35 +106,14 @@ def optuna_state(result: TrialResult) -> str:
     return "COMPLETE"
 
 
-class _Heartbeat:
-    """Records Optuna heartbeats for a trial run through ask/tell (optimize() would do it)."""
-
-    def __init__(self, storage: Any, trial_id: int, interval_s: float) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(storage, trial_id, interval_s),
-                                        daemon=True)
-        self._thread.start()
-
-    def _beat(self, storage: Any, trial_id: int, interval_s: float) -> None:
-        while not self._stop.is_set():
-            try:
-                storage.record_heartbeat(trial_id)
-            except Exception:  # noqa: BLE001 - a missed beat is retried next interval
-                pass
-            self._stop.wait(interval_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 class TrialRunner:
     """Runs trials of one study; shared by the local workers."""
 
     def __init__(self, cfg: StudyConfig, space: SearchSpace, train_size: int,
                  tracker: Tracker | None, run_dir: Path, stop_at: float | None,
-                 storage: Any = None) -> None:
+                 storage: Any = None, session: Any = None) -> None:
         self.storage = storage
+        self.session = session      # a control.WorkerSession: attempts and heartbeats
         self._interrupted = threading.Event()
         self.cfg = cfg
         self.space = space
@@ -142,8 +128,6 @@ class TrialRunner:
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any]]:
         """A new trial and its parameters; points that violate a constraint are dropped
         (recorded as failed with outcome ``infeasible``, never trained nor counted)."""
-        if getattr(self.storage, "get_heartbeat_interval", None) is not None:
-            optuna.storages.fail_stale_trials(study)  # trials of workers that died
         for _ in range(MAX_INFEASIBLE):
             trial = study.ask()
             try:
@@ -164,26 +148,69 @@ class TrialRunner:
         """Asks the running trial to checkpoint and stop; it is queued to resume elsewhere."""
         self._interrupted.set()
 
+    @contextlib.contextmanager
+    def _patience(self, seconds: float | None) -> Iterator[None]:
+        """Within the block, an unreachable study store raises StoreUnavailable after
+        ``seconds`` (None: the store's own patience, which rides out a restart)."""
+        patience = getattr(self.storage, "patience", None)
+        if patience is None or seconds is None:
+            yield
+        else:
+            with patience(seconds):
+                yield
+
+    def _record(self, trial: optuna.Trial, attempt: int, **fields: Any) -> None:
+        if self.session is not None:
+            self.session.attempt(trial.number, attempt, **fields)
+
     def run(self, study: optuna.Study) -> TrialResult:
         trial, params = self._ask(study)
-        storage = self.storage
-        beats = getattr(storage, "get_heartbeat_interval", None)  # RDB storage only
-        interval = beats() if beats is not None else None
-        heartbeat = _Heartbeat(storage, trial._trial_id, interval) if interval else None
+        attrs = trial.user_attrs
+        lineage = list(attrs.get("lineage", []))
+        attempt = len(lineage) + 1
+        downtime = None
+        if lineage and attrs.get("interrupted_at") is not None:
+            downtime = max(time.time() - float(attrs["interrupted_at"]), 0.0)
+            trial.set_user_attr("downtime_s", downtime)
+        self._record(trial, attempt, status="running", downtime_s=downtime,
+                     resume_of=lineage[-1] if lineage else None,
+                     mlflow_run_id=f"trial-{trial.number}" if self.tracker else None)
+        if self.tracker and attrs.get("lost_run_key"):
+            self.tracker.lost_trial(str(attrs["lost_run_key"]), str(attrs.get("lost_worker")),
+                                    self.run_dir)
         try:
             result = self._run(study, trial, params)
         except BaseException:
-            study.tell(trial, state=TrialState.FAIL)
+            self._record(trial, attempt, status="finished")
+            with contextlib.suppress(Exception):
+                study.tell(trial, state=TrialState.FAIL)
             raise
-        finally:
-            if heartbeat:
-                heartbeat.stop()
-        self._tell(study, trial, result)
-        if result.reason == "interrupted" and result.summary.get("checkpoint"):
+        told = self._tell_once(study, trial, result)
+        status = "interrupted" if result.reason == "interrupted" else "finished"
+        self._record(trial, attempt, status=status if told else "abandoned",
+                     elapsed_s=result.summary.get("elapsed_s"),
+                     mlflow_run_id=self.tracker.known_run_id(f"trial-{trial.number}")
+                     if self.tracker else None)
+        if told and result.reason == "interrupted" and result.summary.get("checkpoint"):
             self._queue_resumption(study, trial, params, result)
         if self.tracker:
             self.tracker.study_plots(study, self.cfg.target.metric, self.cfg.target.value)
         return result
+
+    def _tell_once(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> bool:
+        """Tells ``result``; False when the trial was already ended elsewhere (its worker was
+        given up for lost while the study store was out of reach, and it was resumed)."""
+        try:
+            self._tell(study, trial, result)
+            return True
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError) as e:
+            state = study._storage.get_trial(trial._trial_id).state
+            if state == TrialState.RUNNING:
+                raise
+            log.warning("trial %d had already ended (%s) when its result came: %s",
+                        trial.number, state.name, e)
+            result.detail = f"given up while this worker was out of reach: {result.detail}"
+            return False
 
     def _queue_resumption(self, study: optuna.Study, trial: optuna.Trial,
                           params: dict[str, Any], result: TrialResult) -> None:
@@ -216,8 +243,6 @@ class TrialRunner:
         resume = trial.user_attrs.get("resume_from")
         if resume:  # a resumption: same parameters, its clock continues from the checkpoint
             plan["resume_from"] = resume
-            trial.set_user_attr("downtime_s", time.time() - float(
-                trial.user_attrs.get("interrupted_at", time.time())))
         plan_path = folder / "plan.json"
         plan_path.write_text(json.dumps(plan, indent=2))
         derived = derived_params(plan)
@@ -268,6 +293,23 @@ class TrialRunner:
         end: dict[str, Any] | None = None
         hard_deadline = time.monotonic() + LAUNCH_GRACE_S + plan["max_seconds"] * 2 + 60
         asked: list[bool] = []
+        attempt = len(trial.user_attrs.get("lineage", [])) + 1
+        every = float(self.cfg.trainer.checkpoint_every_s)
+        saved_at = float(trial.user_attrs.get("resume_elapsed_s") or 0.0)
+        deadline: float | None = None
+        # Writes to the study store wait here while it is out of reach (a restarting study
+        # server or database); the trainer goes on meanwhile and they are delivered in order.
+        writes: list[Callable[[], Any]] = []
+
+        def flush(patience: float | None) -> bool:
+            try:
+                with self._patience(patience):
+                    while writes:
+                        writes[0]()
+                        writes.pop(0)
+                return True
+            except StoreUnavailable:
+                return False
 
         def idle() -> None:
             if self._interrupted.is_set() and not asked:
@@ -278,12 +320,13 @@ class TrialRunner:
             for msg in channel.messages(process, hard_deadline, idle):
                 kind = msg.get("type")
                 if kind == "start":
-                    trial.set_user_attr("setup_s", msg.get("setup_s"))
-                    trial.set_user_attr("hosts", msg.get("hosts", []))
+                    writes.append(partial(trial.set_user_attr, "setup_s", msg.get("setup_s")))
+                    writes.append(partial(trial.set_user_attr, "hosts", msg.get("hosts", [])))
                     if self.tracker and run_key:
                         self.tracker.log_start(run_key, msg)
-                    channel.reply({"action": "continue", "reason": "",
-                                   "deadline_s": self._deadline(study)})
+                    if flush(0):
+                        deadline = self._deadline(study, deadline)
+                    channel.reply({"action": "continue", "reason": "", "deadline_s": deadline})
                 elif kind == "eval":
                     evals += 1
                     value = float(msg[metric])
@@ -292,14 +335,28 @@ class TrialRunner:
                                   round(float(msg["epoch"]) / plan["epochs"], 4),
                                   _finite_or_none(msg.get("loss"))])
                     # Optuna's pruners read intermediate values as "lower is better".
-                    trial.report(1.0 - value, step=int(msg["index"]))
-                    trial.set_user_attr(ELAPSED_KEY, msg["elapsed_s"])
-                    trial.set_user_attr(CURVE_KEY, curve)
+                    writes.append(partial(trial.report, 1.0 - value, int(msg["index"])))
+                    writes.append(partial(trial.set_user_attr, ELAPSED_KEY, msg["elapsed_s"]))
+                    writes.append(partial(trial.set_user_attr, CURVE_KEY, list(curve)))
                     if self.tracker and run_key:
                         self.tracker.log_eval(run_key, msg)
-                    reply = self._decide(study, trial, msg)
+                    if flush(0):
+                        reply = self._decide(study, trial, msg, deadline)
+                    else:  # the study store is away: no decision without it; go on
+                        reply = {"action": "continue", "reason": "", "deadline_s": deadline}
+                    deadline = reply["deadline_s"]
                     stop_reason = reply["reason"] or stop_reason
+                    if (reply["action"] == "continue" and every > 0
+                            and float(msg["elapsed_s"]) - saved_at >= every):
+                        reply["action"] = "checkpoint"   # saved, and the trial goes on
                     channel.reply(reply)
+                elif kind == "checkpoint":
+                    saved_at = float(msg["elapsed_s"])
+                    writes.append(partial(trial.set_user_attr, "checkpoint", msg["path"]))
+                    writes.append(partial(trial.set_user_attr, "checkpoint_elapsed_s", saved_at))
+                    self._record(trial, attempt, checkpoint_path=str(msg["path"]),
+                                 elapsed_s=saved_at)
+                    channel.reply({"action": "ack"})
                 elif kind == "end":
                     end = msg
                     channel.reply({"action": "ack"})
@@ -308,30 +365,42 @@ class TrialRunner:
             if end is None:
                 process.kill()
             code = process.wait()
+            flush(None)
         result = self._result(trial.number, end, code, process, best, evals, stop_reason)
         result.curve = curve
         return result
 
-    def _deadline(self, study: optuna.Study) -> float | None:
-        if isinstance(self.pruner, TimeToAccuracyPruner):
-            return self.pruner.deadline(study)
-        return None
+    def _deadline(self, study: optuna.Study, last: float | None) -> float | None:
+        """The pruner's deadline for a trial; ``last`` when the study store is away."""
+        if not isinstance(self.pruner, TimeToAccuracyPruner):
+            return None
+        try:
+            with self._patience(0):
+                return self.pruner.deadline(study)
+        except StoreUnavailable:
+            return last
 
-    def _decide(self, study: optuna.Study, trial: optuna.Trial,
-                msg: dict[str, Any]) -> dict[str, Any]:
-        deadline = self._deadline(study)
-        if msg.get("reached"):
-            return {"action": "continue", "reason": "", "deadline_s": deadline}
-        if self.stop_at is not None and time.monotonic() > self.stop_at:
-            return {"action": "stop", "reason": "study_timeout", "deadline_s": deadline}
-        if isinstance(self.pruner, TimeToAccuracyPruner):
-            frozen = study._storage.get_trial(trial._trial_id)
-            reason = self.pruner.decide(study, frozen)
-        else:
-            reason = "median" if trial.should_prune() else None
+    def _decide(self, study: optuna.Study, trial: optuna.Trial, msg: dict[str, Any],
+                last_deadline: float | None) -> dict[str, Any]:
+        go = {"action": "continue", "reason": "", "deadline_s": last_deadline}
+        try:
+            with self._patience(0):
+                deadline = self._deadline(study, last_deadline)
+                go["deadline_s"] = deadline
+                if msg.get("reached"):
+                    return go
+                if self.stop_at is not None and time.monotonic() > self.stop_at:
+                    return {"action": "stop", "reason": "study_timeout", "deadline_s": deadline}
+                if isinstance(self.pruner, TimeToAccuracyPruner):
+                    frozen = study._storage.get_trial(trial._trial_id)
+                    reason = self.pruner.decide(study, frozen)
+                else:
+                    reason = "median" if trial.should_prune() else None
+        except StoreUnavailable:
+            return go
         if reason:
             return {"action": "stop", "reason": reason, "deadline_s": deadline}
-        return {"action": "continue", "reason": "", "deadline_s": deadline}
+        return go
 
     def _result(self, number: int, end: dict[str, Any] | None, code: int,
                 process: TrainerProcess, best: float, evals: int,

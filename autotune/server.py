@@ -1,27 +1,111 @@
 """`autotune server`: serve a study database to many workers through one process.
 
-Optuna's gRPC storage proxy over a cached storage (``optuna.storages.get_storage``), so
-hundreds of workers share a handful of database connections. The channel is plain gRPC with
-no TLS and no authentication: it binds 127.0.0.1 unless told otherwise, and warns when it is
-told otherwise.
+* Optuna's gRPC storage proxy over a cached storage, so hundreds of workers share a handful of
+  database connections. Calls that find the database away (PostgreSQL restarting) wait for it
+  with backoff instead of failing the worker's call.
+* A control channel on the same port: the worker registry and heartbeats
+  (:mod:`autotune.control`), stored in autotune's tables beside Optuna's.
+* A control loop that gives up silent workers and queues their trials to resume from their
+  last checkpoint on another worker.
+
+The channel is plain gRPC with no TLS and no authentication: it binds 127.0.0.1 unless told
+otherwise, and warns when it is told otherwise.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from .config import database_url
 from .errors import ConfigError
 
-__all__ = ["serve"]
+__all__ = ["serve", "open_database"]
 
 _LOCAL = ("127.0.0.1", "localhost", "::1")
+DEFAULT_HEARTBEAT_S = 10.0
+
+
+def open_database(storage_url: str) -> Any:
+    """Optuna's cached RDB storage for ``storage_url``, riding out database restarts."""
+    import optuna
+    from optuna.storages import RDBStorage
+
+    from ._retry import RetryingStorage
+
+    try:
+        from optuna.storages._cached_storage import _CachedStorage
+
+        rdb = RDBStorage(database_url(storage_url), engine_kwargs={"pool_pre_ping": True})
+        storage: Any = _CachedStorage(rdb)
+    except ImportError:  # a future Optuna without the private class: its public cache
+        storage = optuna.storages.get_storage(database_url(storage_url))
+    return RetryingStorage(storage, f"the study database {storage_url}",  # type: ignore[abstract]
+                           patience_s=600)
+
+
+class ControlLoop:
+    """Recovers the trials of silent workers, study by study, every fraction of a beat."""
+
+    def __init__(self, registry: Any, storage: Any, echo: Callable[[str], None]) -> None:
+        from .db import utcnow
+
+        self.registry = registry
+        self.storage = storage
+        self.echo = echo
+        self.started = utcnow()
+        self._beats: dict[str, float] = {}
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="autotune-control")
+
+    def heartbeat_s(self, study: str) -> float:
+        if study not in self._beats:
+            try:
+                study_id = self.storage.get_study_id_from_name(study)
+                config = self.storage.get_study_user_attrs(study_id).get("config", {})
+                self._beats[study] = float(config.get("heartbeat_s", DEFAULT_HEARTBEAT_S))
+            except KeyError:
+                return DEFAULT_HEARTBEAT_S
+        return self._beats[study]
+
+    def once(self) -> float:
+        """One pass over the live studies; the seconds until the next one."""
+        from .control import recover
+
+        period = 1.0
+        for study in self.registry.live_studies():
+            beat = self.heartbeat_s(study)
+            period = min(period, beat / 4)
+            recover(self.registry, self.storage, study, beat, self.started, self.echo)
+        return max(period, 0.1)
+
+    def _run(self) -> None:
+        wait = 1.0
+        while not self._stop.wait(wait):
+            try:
+                wait = self.once()
+            except Exception as e:  # noqa: BLE001 - the database is away; try again soon
+                self.echo(f"autotune server: control loop: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]}")
+                wait = 2.0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = print) -> int:
     import optuna
-    from optuna.storages import get_storage, run_grpc_proxy_server
+    from optuna.storages._grpc.server import make_server
+
+    from .control import add_control_service
+    from .db import Registry
 
     if storage_url.startswith("autotune://"):
         raise ConfigError("--storage must be a database URL, not another study server")
@@ -31,14 +115,29 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
               f"{storage_url}. Expose it only on a trusted network.", file=sys.stderr)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = get_storage(database_url(storage_url))
+        storage = open_database(storage_url)
+        storage.get_all_studies()
+        registry = Registry(storage_url)
+    except ConfigError:
+        raise
     except Exception as e:
         first = " ".join(str(e).split())[:200]
         raise ConfigError(f"cannot open storage {storage_url!r}: {first}") from e
-    echo(f"study server for {storage_url} on {host}:{port}; workers use --storage "
-         f"autotune://{host}:{port}")
+    server = make_server(storage, host, port, ThreadPoolExecutor(max_workers=32))
+    add_control_service(server, registry)
+    server.start()
+    loop = ControlLoop(registry, storage, lambda line: print(line, flush=True))
+    loop.start()
+    echo(f"study server for {storage_url} on {host}:{port}; workers use --server "
+         f"{host}:{port} (or --storage autotune://{host}:{port})")
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
-        run_grpc_proxy_server(storage, host=host, port=port)
+        while not done.wait(1.0):
+            pass
     except KeyboardInterrupt:
         pass
+    loop.stop()
+    server.stop(grace=5).wait()
+    registry.close()
     return 0

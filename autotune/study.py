@@ -8,6 +8,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .config import StudyConfig, database_url, resolve_tracking_uri
+from .control import WorkerSession, recover, registry_for
+from .db import utcnow
 from .errors import ConfigError, PlanError, SpaceError
 from .objective import TrialResult, TrialRunner, make_pruner, make_sampler
 from .plan import Hardware, resolve
@@ -23,14 +26,15 @@ from .tracking import Tracker, ui_command
 
 __all__ = ["run_study", "open_storage", "format_result"]
 
-HEARTBEAT_S = 10
-GRACE_S = 30
 Print = Callable[[str], None]
 
 
 def open_storage(url: str) -> Any:
-    """Optuna's storage for ``url``: a database (RDB storage with heartbeats) or a study
-    server (``autotune://HOST:PORT``, Optuna's gRPC proxy); or a one-line error."""
+    """Optuna's storage for ``url``: a database, or a study server (``autotune://HOST:PORT``,
+    Optuna's gRPC proxy); either way riding out a restart of the other end. A one-line error
+    if it cannot be reached now."""
+    from ._retry import RetryingStorage
+
     if url.startswith("autotune://"):
         host, _, port = url.removeprefix("autotune://").rstrip("/").rpartition(":")
         if not host or not port.isdigit():
@@ -38,24 +42,40 @@ def open_storage(url: str) -> Any:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                proxy = optuna.storages.GrpcStorageProxy(host=host, port=int(port))
+                proxy = _ServerProxy(host=host, port=int(port))
                 proxy.get_all_studies()  # fails now, not in the middle of a study
-                return proxy
         except Exception as e:
             first = " ".join(str(e).split())[:200]
             raise ConfigError(f"cannot reach the study server at {host}:{port}: {first}; is "
                               "`autotune server` running there?") from e
+        return RetryingStorage(proxy,  # type: ignore[abstract]
+                               f"the study server at {host}:{port}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            # A trial whose worker died (no heartbeat for GRACE_S) is failed by the next
-            # worker that asks for a trial, and its configuration is queued once more.
-            return optuna.storages.RDBStorage(
-                database_url(url), heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2))
+            rdb = optuna.storages.RDBStorage(database_url(url),
+                                             engine_kwargs={"pool_pre_ping": True})
     except Exception as e:
         first = " ".join(str(e).split())[:200]
         raise ConfigError(f"cannot open storage {url!r}: {first}") from e
+    return RetryingStorage(rdb, f"the study database {url}")  # type: ignore[abstract]
+
+
+class _ServerProxy(optuna.storages.GrpcStorageProxy):
+    """Optuna's gRPC client, reconnecting within 2 s once a restarted server is back (gRPC's
+    default backoff grows to 2 minutes)."""
+
+    def _setup(self) -> None:
+        import grpc
+        from optuna.storages._grpc.auto_generated import api_pb2_grpc
+        from optuna.storages._grpc.client import GrpcClientCache
+
+        from .control import CHANNEL_OPTIONS
+
+        self._channel = grpc.insecure_channel(f"{self._host}:{self._port}",
+                                              options=CHANNEL_OPTIONS)
+        self._stub = api_pb2_grpc.StorageServiceStub(self._channel)
+        self._cache = GrpcClientCache(self._stub)
 
 
 def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:
@@ -89,13 +109,16 @@ def format_result(r: TrialResult, metric: str) -> str:
     return f"[trial {r.number:3d}] {params} | {tail}"
 
 
+RESUMED = ("interrupted", "worker_lost")  # trials that go on as a resumption
+
+
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
     """Trials that ran and ended. Points dropped for violating a constraint, and trials
-    interrupted to resume elsewhere (their resumption counts), do not count."""
+    interrupted or lost to resume elsewhere (their resumption counts), do not count."""
     return [t for t in study.get_trials(deepcopy=False)
             if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
             and t.user_attrs.get("outcome") != "infeasible"
-            and t.user_attrs.get("stop_reason") != "interrupted"]
+            and t.user_attrs.get("stop_reason") not in RESUMED]
 
 
 def _counts(trials: list[FrozenTrial]) -> dict[str, int]:
@@ -163,7 +186,9 @@ def run_study(cfg: StudyConfig, echo: Print = _print) -> int:
         study_name=cfg.study_name, storage=storage, direction="minimize", load_if_exists=True,
         sampler=make_sampler(cfg, cfg.seed),
         pruner=make_pruner(cfg))
-    optuna.storages.fail_stale_trials(study)
+    registry = registry_for(cfg.storage)
+    if not cfg.storage.startswith("autotune://"):  # trials of workers that died meanwhile
+        recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)
     existing = study.get_trials(deepcopy=False)
     tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
                         cfg.to_dict(), space.to_dict(), resumed=bool(existing))
@@ -181,10 +206,18 @@ def run_study(cfg: StudyConfig, echo: Print = _print) -> int:
         echo(f"study {cfg.study_name!r} already has {done} finished trials; raise --n-trials "
              "to run more")
     elif cfg.workers == 0:
-        _wait_for_remote_workers(cfg, study, echo)
+        _wait_for_remote_workers(cfg, study, registry, storage, echo)
     else:
-        _run_workers(cfg, space, size, tracker, study, storage, todo, echo)
-    return _summarize(cfg, study, tracker, echo)
+        session = WorkerSession(registry, cfg.study_name, cfg.heartbeat_s,
+                                recover_with=None if cfg.storage.startswith("autotune://")
+                                else storage)
+        try:
+            _run_workers(cfg, space, size, tracker, study, storage, session, todo, echo)
+        finally:
+            session.close()
+    code = _summarize(cfg, study, tracker, echo)
+    registry.close()
+    return code
 
 
 def result_of(trial: FrozenTrial) -> TrialResult:
@@ -196,9 +229,14 @@ def result_of(trial: FrozenTrial) -> TrialResult:
                        evals=len(attrs.get("curve", [])), detail=str(attrs.get("detail", "")))
 
 
-def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, echo: Print) -> None:
-    """No local worker: report trials as remote workers finish them, until the budget."""
+def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: Any,
+                             storage: Any, echo: Print) -> None:
+    """No local worker: report trials as remote workers finish them, until the budget. With
+    a direct database URL this process also recovers the trials of workers that die (a
+    study server does that itself)."""
     stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
+    direct = not cfg.storage.startswith("autotune://")
+    since = utcnow()
     echo(f"study {cfg.study_name!r} waits for workers: autotune worker --storage "
          f"{cfg.storage} --study {cfg.study_name}")
     shown: set[int] = {t.number for t in _finished(study)}
@@ -210,15 +248,20 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, echo: Print)
                 echo(format_result(result_of(t), cfg.target.metric))
         if cfg.budget.n_trials is not None and len(finished) >= cfg.budget.n_trials:
             return
-        time.sleep(2)
+        if direct:
+            try:
+                recover(registry, storage, cfg.study_name, cfg.heartbeat_s, since, echo)
+            except Exception as e:  # noqa: BLE001 - the database is away; next round
+                echo(f"could not check for lost workers: {type(e).__name__}")
+        time.sleep(min(2.0, cfg.heartbeat_s / 4))
 
 
 def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Tracker,
-                 study: optuna.Study, storage: Any, todo: int | None,
-                 echo: Print) -> None:
+                 study: optuna.Study, storage: Any, session: WorkerSession,
+                 todo: int | None, echo: Print) -> None:
     stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
     folder = tracker.folder
-    runner = TrialRunner(cfg, space, size, tracker, folder, stop_at, storage)
+    runner = TrialRunner(cfg, space, size, tracker, folder, stop_at, storage, session)
     lock = threading.Lock()
     left = [todo]
 

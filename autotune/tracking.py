@@ -143,6 +143,28 @@ class Tracker:
         self.outbox.submit({"op": "status", "run": key, "end_ms": _now_ms(),
                             "status": "FAILED" if outcome == "failed" else "FINISHED"})
 
+    def lost_trial(self, key: str, worker: str, run_dir: Path) -> None:
+        """Closes the run of a trial whose worker died: first what that worker left in its
+        outbox is delivered (its run keys make a second delivery harmless), then the run is
+        marked failed with the reason ``worker_lost``."""
+        spool = run_dir / f"worker-{worker}" / "mlflow-outbox.jsonl"
+        if spool.is_file():
+            from ._outbox import Outbox
+
+            left = Outbox(self.client, spool, self.study_name)
+            if not left.close(timeout_s=60):
+                log.warning("MLflow records of lost worker %s are still in %s", worker, spool)
+        self._log(key, tags={"optuna.state": "FAIL", "autotune.outcome": "failed",
+                             "autotune.stop_reason": "worker_lost",
+                             "autotune.detail": f"worker {worker} stopped sending heartbeats; "
+                                                "the trial resumed in a new run"})
+        self.outbox.submit({"op": "status", "run": key, "end_ms": _now_ms(),
+                            "status": "FAILED"})
+
+    def known_run_id(self, key: str) -> str | None:
+        """The MLflow run id of ``key`` if its run has been created already."""
+        return self.outbox.known_run_id(key)
+
     def study_plots(self, study: Any, metric: str, target: float, final: bool = False) -> None:
         """Refreshes the study's overview plots on the parent run."""
         from .plots import study_plots

@@ -7,9 +7,7 @@ server's ``autotune://HOST:PORT``) and the study's name.
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from .config import StudyConfig
+from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
 from .objective import TrialRunner, make_pruner, make_sampler
 from .space import SearchSpace
@@ -59,12 +58,16 @@ def run_worker(storage_url: str, study_name: str,
     quiet_libraries()
     storage = open_storage(storage_url)
     study, cfg, space = _load(storage, study_name)
-    name = f"{socket.gethostname()}-{os.getpid()}"
+    name = worker_name()
     folder = Path(cfg.run_dir) / cfg.study_name
+    registry = registry_for(storage_url)
+    session = WorkerSession(registry, study_name, cfg.heartbeat_s, name=name,
+                            recover_with=None if storage_url.startswith("autotune://")
+                            else storage)
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder / f"worker-{name}",
                       {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"})
     runner = TrialRunner(cfg, space, train_size(cfg.trainer.data), tracker, folder, None,
-                         storage)
+                         storage, session)
     stopping = []
 
     def on_sigterm(*_: Any) -> None:  # checkpoint the running trial; it resumes elsewhere
@@ -78,6 +81,8 @@ def run_worker(storage_url: str, study_name: str,
             echo(format_result(runner.run(study), cfg.target.metric))
     finally:
         tracker.close(timeout_s=60)
+        session.close()
+        registry.close()
     why = "stopped by SIGTERM" if stopping else "the study's budget is spent"
     echo(f"worker {name}: {why}")
     return 0

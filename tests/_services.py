@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-__all__ = ["PostgresServer", "MlflowServer", "free_port"]
+__all__ = ["PostgresServer", "MlflowServer", "autotune", "free_port", "wait_for_port"]
 
 
 def free_port() -> int:
@@ -38,9 +38,9 @@ def _as_postgres_user(command: list[str]) -> list[str]:
 class PostgresServer:
     """A PostgreSQL server for one test session; ``database()`` makes throwaway databases."""
 
-    def __init__(self) -> None:
+    def __init__(self, own: bool = False) -> None:
         self._folder: Path | None = None
-        url = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
+        url = None if own else os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
         if url:
             self.url = url.rstrip("/")
         else:
@@ -61,8 +61,21 @@ class PostgresServer:
             pg_ctl, "-D", str(data), "-l", str(self._folder / "log"), "-w", "-o",
             f"-p {port} -h 127.0.0.1 -k {self._folder} -c max_connections=300", "start"]),
             check=True, capture_output=True)
-        self._pg_ctl, self._data = pg_ctl, data
+        self._pg_ctl, self._data, self._port = pg_ctl, data, port
         return f"postgresql://postgres@127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        """Stops a server this object started (fast shutdown: clients are cut off)."""
+        subprocess.run(_as_postgres_user([self._pg_ctl, "-D", str(self._data), "-m", "fast",
+                                          "-w", "stop"]), check=True, capture_output=True)
+
+    def start(self) -> None:
+        """Starts it again, on the same port and data."""
+        assert self._folder is not None
+        subprocess.run(_as_postgres_user([
+            self._pg_ctl, "-D", str(self._data), "-l", str(self._folder / "log"), "-w", "-o",
+            f"-p {self._port} -h 127.0.0.1 -k {self._folder} -c max_connections=300",
+            "start"]), check=True, capture_output=True)
 
     def _admin(self, sql: str) -> None:
         import psycopg2
@@ -126,3 +139,21 @@ class MlflowServer:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, 15)
             self.process.wait(30)
+
+
+def autotune(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """``autotune ARGS`` started in the background, as a user would in another terminal."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": root})
+
+
+def wait_for_port(port: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"nothing listens on {port}")

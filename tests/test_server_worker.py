@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,26 +12,10 @@ import pytest
 
 from autotune.config import database_url
 
-from ._services import free_port
+from ._services import autotune, free_port, wait_for_port
 from .conftest import ROOT
 
 pytestmark = pytest.mark.postgres
-
-
-def autotune(*args: str, cwd) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-
-def wait_for_port(port: int, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    raise AssertionError(f"nothing listens on {port}")
 
 
 def test_a_remote_worker_runs_a_study_created_through_the_server(postgres, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from trainers.schedule import lr_at
 
-from ._drive import drive, make_plan
+from ._drive import drive, go, make_plan
 
 
 def plan_for(tmp_path, **extra):
@@ -37,19 +37,30 @@ def test_a_resumed_run_continues_the_schedule_and_clock_and_ends_where_the_full_
         tmp_path):
     full = evals(drive(plan_for(tmp_path), tmp_path / "full"))
 
+    def periodic_after_first_eval(msg):  # save and go on, as a worker asks periodically
+        if msg["type"] == "eval" and msg["index"] == 0:
+            return {"action": "checkpoint", "reason": "", "deadline_s": None}
+        return go(msg)
+
     def ask_after_second_eval(msg, channel, process):
         if msg["type"] == "eval" and msg["index"] == 1:
             channel.request("checkpoint")
 
-    first = drive(plan_for(tmp_path), tmp_path / "first", on_message=ask_after_second_eval)
+    first = drive(plan_for(tmp_path), tmp_path / "first", answer=periodic_after_first_eval,
+                  on_message=ask_after_second_eval)
+    periodic = [m for m in first if m["type"] == "checkpoint"]
+    assert [m["path"] for m in periodic] == [str(tmp_path / "checkpoint" / "step-11")]
+    assert periodic[0]["elapsed_s"] == pytest.approx(evals(first)[0]["elapsed_s"], abs=0.5)
     end = first[-1]
-    assert end["reason"] == "checkpointed" and end["checkpoint"] == str(tmp_path / "checkpoint")
-    assert (tmp_path / "checkpoint" / "rng-rank0.pt").is_file()
-    assert (tmp_path / "checkpoint" / "rng-rank1.pt").is_file()
     stopped_at = end["steps"]
     assert 22 <= stopped_at < 44                      # after the 2nd evaluation, mid-3rd epoch
+    saved = tmp_path / "checkpoint" / f"step-{stopped_at}"
+    assert end["reason"] == "checkpointed" and end["checkpoint"] == str(saved)
+    assert (saved / "rng-rank0.pt").is_file() and (saved / "rng-rank1.pt").is_file()
+    # Only the newest checkpoint is kept, once it is complete.
+    assert [p.name for p in (tmp_path / "checkpoint").glob("step-*")] == [saved.name]
 
-    resumed_plan = plan_for(tmp_path, resume_from=str(tmp_path / "checkpoint"))
+    resumed_plan = plan_for(tmp_path, resume_from=str(saved))
     second = drive(resumed_plan, tmp_path / "second")
     start = second[0]
     assert start["resumed_at_s"] == pytest.approx(end["checkpoint_elapsed_s"], abs=1e-9)
@@ -78,4 +89,6 @@ def test_sigterm_makes_every_rank_checkpoint_and_exit_cleanly(tmp_path):
 
     messages = drive(plan_for(tmp_path), tmp_path / "run", on_message=terminate_after_first_eval)
     assert messages[-1]["reason"] == "checkpointed"
-    assert (tmp_path / "checkpoint" / "autotune").is_dir()
+    assert messages[-1]["checkpoint"] == str(
+        tmp_path / "checkpoint" / f"step-{messages[-1]['steps']}")
+    assert (tmp_path / "checkpoint" / f"step-{messages[-1]['steps']}" / "rng-rank1.pt").is_file()

@@ -15,10 +15,14 @@ left out of ``elapsed_s``. The trial's time-to-accuracy is ``elapsed_s`` at the 
 first evaluation whose target metric reaches the target. A resumed run continues the clock
 where its checkpoint left it.
 
-Checkpoints: on SIGTERM, or when the worker asks (a ``checkpoint`` message at any time, or a
-``checkpoint`` action in a reply), every rank saves its part (DeepSpeed's model, optimizer and
-scheduler state; each rank's RNG states; the data position and the clock) under
-``plan["checkpoint_dir"]``. A plan with ``resume_from`` continues from such a checkpoint.
+Checkpoints: on SIGTERM, or when the worker asks (a ``checkpoint`` message at any time: save
+and stop; or a ``checkpoint`` action in a reply: save and go on), every rank saves its part
+(DeepSpeed's model, optimizer and scheduler state; each rank's RNG states; the data position
+and the clock) in a new folder ``step-N`` under ``plan["checkpoint_dir"]``, and the older ones
+are removed once it is complete, so a crash mid-save leaves the previous checkpoint intact.
+After a save-and-go-on, rank 0 reports ``{"type": "checkpoint", "path", "elapsed_s"}``. The
+time a periodic save takes is control time, left out of ``elapsed_s``. A plan with
+``resume_from`` (a ``step-N`` folder) continues from that checkpoint.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -47,7 +52,7 @@ from trainers.sources import Source, open_source
 
 # Stop codes, agreed across ranks with an all-reduce(MAX) after each optimizer step.
 _GO, _DEADLINE, _MAX_SECONDS, _STOPPED, _CHECKPOINT, _DIVERGED, _OOM = range(7)
-_TAG = "autotune"  # the checkpoint's folder under checkpoint_dir
+_TAG = "step-{}"  # a checkpoint's folder under checkpoint_dir, by optimizer step
 _REASONS = {_DEADLINE: "bound", _MAX_SECONDS: "max_seconds", _STOPPED: "stopped",
             _CHECKPOINT: "checkpointed", _DIVERGED: "diverged", _OOM: "oom"}
 
@@ -185,24 +190,32 @@ class Trainer:
         return x, y
 
     # -- checkpoints --------------------------------------------------------------------------
-    def save(self, clock: Clock) -> float:
-        """Saves a checkpoint; returns the elapsed seconds it holds (a resume starts there)."""
+    def save(self, clock: Clock) -> tuple[float, str]:
+        """Saves a checkpoint; returns the elapsed seconds it holds (a resume starts there) and
+        its folder."""
         folder = Path(self.plan["checkpoint_dir"])
+        tag = _TAG.format(self.state["step"])
         state = {**self.state, "elapsed": clock.elapsed(),
                  "control_s": self.state["control_s"] + clock.control_s}
-        self.engine.save_checkpoint(str(folder), tag=_TAG, client_state={"autotune": state})
+        self.engine.save_checkpoint(str(folder), tag=tag, client_state={"autotune": state})
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
                "cuda": torch.cuda.get_rng_state_all() if self.on_gpu else None}
-        torch.save(rng, folder / f"rng-rank{self.rank}.pt")
+        torch.save(rng, folder / tag / f"rng-rank{self.rank}.pt")
         dist.barrier()
-        return float(state["elapsed"])
+        if self.rank == 0:  # complete on every rank: the older checkpoints can go
+            for old in folder.glob(_TAG.format("*")):
+                if old.name != tag and old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+        return float(state["elapsed"]), str(folder / tag)
 
-    def _load(self, folder: Path) -> None:
-        _, client = self.engine.load_checkpoint(str(folder), tag=_TAG)
+    def _load(self, path: Path) -> None:
+        if not (path / f"rng-rank{self.rank}.pt").is_file():
+            raise SystemExit(f"{path} holds no complete autotune checkpoint")
+        _, client = self.engine.load_checkpoint(str(path.parent), tag=path.name)
         if not client or "autotune" not in client:
-            raise SystemExit(f"{folder} holds no autotune checkpoint")
+            raise SystemExit(f"{path} holds no autotune checkpoint")
         self.state.update(client["autotune"])
-        rng = torch.load(folder / f"rng-rank{self.rank}.pt", weights_only=False)
+        rng = torch.load(path / f"rng-rank{self.rank}.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if self.on_gpu and rng.get("cuda") is not None:
@@ -319,11 +332,11 @@ class Trainer:
                         stop = _STOPPED
                         break
                     if action == "checkpoint":
-                        self.save(clock)
+                        self._checkpoint_and_go_on(clock)
             else:
                 st["epoch"] += 1
                 st["step_in_epoch"] = 0
-        saved_at = self.save(clock) if stop == _CHECKPOINT else None
+        saved_at, saved_in = self.save(clock) if stop == _CHECKPOINT else (None, None)
         if plan.get("save_model") and self.rank == 0:
             torch.save(self.engine.module.state_dict(), plan["save_model"])
         if stop != _GO:
@@ -336,12 +349,21 @@ class Trainer:
                    "evals": st["evals"], "best_top1": st["best"]["top1"],
                    "best_top5": st["best"]["top5"], "micro_batch": micro}
         if saved_at is not None:
-            summary["checkpoint"] = str(self.plan["checkpoint_dir"])
+            summary["checkpoint"] = saved_in
             summary["checkpoint_elapsed_s"] = saved_at
         if self.rank == 0:
             self.reporter.send(summary)
         dist.barrier()
         return summary
+
+    def _checkpoint_and_go_on(self, clock: Clock) -> None:
+        """A periodic checkpoint, reported to the worker; its time is not training time."""
+        t = time.perf_counter()
+        elapsed, path = self.save(clock)
+        if self.rank == 0:
+            self.reporter.send({"type": "checkpoint", "path": path, "elapsed_s": elapsed})
+        dist.barrier()
+        clock.control_s += time.perf_counter() - t
 
     def _evaluate_and_report(self, clock: Clock, samples: int, train_s: float, metric: str,
                              target: float) -> str:

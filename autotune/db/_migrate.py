@@ -9,7 +9,7 @@ from typing import Any
 from ..config import database_url
 from ..errors import ConfigError
 
-__all__ = ["VERSION_TABLE", "upgrade", "downgrade", "current", "check", "script_location"]
+__all__ = ["VERSION_TABLE", "head", "upgrade", "downgrade", "current", "check", "script_location"]
 
 VERSION_TABLE = "autotune_alembic_version"
 
@@ -46,6 +46,13 @@ def _run(action: str, url: str, *args: Any) -> str:
         first = " ".join(str(e).split())[:200]
         raise ConfigError(f"cannot migrate {url}: {first}") from e
     return out.getvalue()
+
+
+def head() -> str:
+    """The newest revision of autotune's migrations."""
+    from alembic.script import ScriptDirectory
+
+    return str(ScriptDirectory.from_config(_config("sqlite://")).get_current_head())
 
 
 def upgrade(url: str, revision: str = "head") -> None:

@@ -1,0 +1,259 @@
+"""Crash safety: the worker registry, heartbeats, and recovery of trials whose worker died.
+
+A worker registers with the study's registry (autotune's tables, :mod:`autotune.db`) and
+beats every ``heartbeat_s``. Each trial it runs is an *attempt* on record, with the newest
+checkpoint the trainer reported. A worker silent for 1.5 heartbeats is given up: each of its
+running attempts is claimed by exactly one recoverer, its Optuna trial is failed with the
+reason ``worker_lost``, and its configuration is queued again with the checkpoint, so the next
+free worker resumes it (same parameters, lineage recorded, the clock continuing from the
+checkpoint, the downtime recorded). Trials RUNNING in Optuna with no attempt on record (a
+worker that died between taking a trial and recording it) are failed and queued afresh after
+a while, so no trial stays RUNNING forever.
+
+Who recovers: the study server's control loop when workers use one (``autotune://``); with
+a direct database URL, every worker's heartbeat thread and the waiting ``start study``.
+Workers behind a study server reach the registry through the server's control channel (JSON
+over the same gRPC port); calls that fail while the server is away are kept and sent again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from .db import Registry, utcnow
+
+__all__ = ["ControlClient", "WorkerSession", "add_control_service", "recover", "registry_for",
+           "STALE_BEATS", "worker_name"]
+
+log = logging.getLogger("autotune")
+STALE_BEATS = 1.5          # silent this many heartbeats: given up
+ORPHAN_BEATS = 6.0         # RUNNING with no attempt on record this many heartbeats: given up
+_METHOD = "/autotune.Control/Call"
+_CALLS = ("register", "heartbeat", "stop_worker", "attempt", "workers", "attempts")
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
+                   ("grpc.initial_reconnect_backoff_ms", 200),
+                   ("grpc.min_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 2000)]
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+# -- the control channel ----------------------------------------------------------------------
+def add_control_service(server: Any, registry: Registry) -> None:
+    """Serves ``registry``'s calls on ``server`` (a grpc.Server, before it starts)."""
+    import grpc
+
+    def call(request: bytes, context: Any) -> bytes:
+        message = json.loads(request)
+        name = message.get("method")
+        if name not in _CALLS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no control call {name!r}")
+        try:
+            result = getattr(registry, name)(**message.get("args", {}))
+        except Exception as e:  # noqa: BLE001 - the database is away: the worker retries
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(e).__name__}: {e}"[:300])
+        return json.dumps(result).encode()
+
+    handler = grpc.method_handlers_generic_handler("autotune.Control", {
+        "Call": grpc.unary_unary_rpc_method_handler(call)})
+    server.add_generic_rpc_handlers((handler,))
+
+
+class ControlClient:
+    """The registry's calls, made on a study server's control channel."""
+
+    def __init__(self, host: str, port: int, timeout_s: float = 10.0) -> None:
+        import grpc
+
+        self._channel = grpc.insecure_channel(f"{host}:{port}", options=CHANNEL_OPTIONS)
+        self._call = self._channel.unary_unary(_METHOD)
+        self._timeout_s = timeout_s
+
+    def _remote(self, method: str, **args: Any) -> Any:
+        reply = self._call(json.dumps({"method": method, "args": args}).encode(),
+                           timeout=self._timeout_s)
+        return json.loads(reply)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in _CALLS:
+            raise AttributeError(name)
+        return lambda **args: self._remote(name, **args)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def registry_for(storage_url: str) -> Any:
+    """The registry of the study store ``storage_url``: its tables, or a study server's
+    control channel."""
+    if storage_url.startswith("autotune://"):
+        host, _, port = storage_url.removeprefix("autotune://").rstrip("/").rpartition(":")
+        return ControlClient(host, int(port))
+    return Registry(storage_url)
+
+
+# -- recovery ---------------------------------------------------------------------------------
+def recover(registry: Registry, storage: Any, study_name: str, heartbeat_s: float,
+            alive_since: datetime, echo: Callable[[str], None] | None = None) -> list[int]:
+    """Gives up ``study_name``'s silent workers and queues their trials to resume; returns
+    the trial numbers recovered."""
+    recovered = []
+    for lost in registry.claim_lost(study_name, STALE_BEATS * heartbeat_s, alive_since):
+        try:
+            if _requeue(storage, lost):
+                recovered.append(int(lost["trial_number"]))
+                if echo:
+                    where = lost["checkpoint_path"] or "the start"
+                    echo(f"worker {lost['worker']} is lost; trial {lost['trial_number']} "
+                         f"resumes from {where}")
+        except Exception as e:  # noqa: BLE001 - retried by the orphan sweep below
+            log.warning("could not requeue trial %s of %s: %s", lost["trial_number"],
+                        study_name, e)
+    recovered += _sweep_orphans(registry, storage, study_name, ORPHAN_BEATS * heartbeat_s)
+    return recovered
+
+
+def _requeue(storage: Any, lost: dict[str, Any]) -> bool:
+    """Fails the lost attempt's trial and queues its configuration with its checkpoint."""
+    study_id = storage.get_study_id_from_name(lost["study"])
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, lost["trial_number"])
+    trial = storage.get_trial(trial_id)
+    if trial.state != TrialState.RUNNING:
+        return False                               # it was told before the worker died
+    checkpoint = lost.get("checkpoint_path")
+    detail = (f"worker {lost['worker']} stopped sending heartbeats; the trial resumes from "
+              f"{'its checkpoint ' + checkpoint if checkpoint else 'the start'}")
+    attrs = {"outcome": "failed", "stop_reason": "worker_lost", "detail": detail}
+    for key, value in attrs.items():
+        storage.set_trial_user_attr(trial_id, key, value)
+    storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    queued = {"resume_of": trial.number,
+              "lineage": [*trial.user_attrs.get("lineage", []), trial.number],
+              "interrupted_at": float(lost["last_heartbeat"]),
+              "lost_worker": lost["worker"], "lost_run_key": f"trial-{trial.number}"}
+    if checkpoint:
+        queued["resume_from"] = checkpoint
+        queued["resume_elapsed_s"] = lost.get("elapsed_s")
+    study = optuna.load_study(study_name=lost["study"], storage=storage)
+    study.enqueue_trial(dict(trial.params), user_attrs=queued, skip_if_exists=False)
+    return True
+
+
+def _sweep_orphans(registry: Registry, storage: Any, study_name: str,
+                   after_s: float) -> list[int]:
+    """RUNNING trials with no attempt on record, older than ``after_s``: failed, queued."""
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return []
+    running = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+    now = utcnow()
+    old = [t for t in running if t.datetime_start is not None
+           and (now - t.datetime_start.replace(tzinfo=None)).total_seconds() > after_s]
+    if not old:
+        return []
+    recorded = registry.attempt_numbers(study_name)
+    swept = []
+    for trial in old:
+        if trial.number in recorded:
+            continue
+        lost = {"study": study_name, "trial_number": trial.number, "worker": "unknown",
+                "checkpoint_path": None, "last_heartbeat": time.time()}
+        if _requeue(storage, lost):
+            swept.append(trial.number)
+    return swept
+
+
+# -- a worker's side --------------------------------------------------------------------------
+class WorkerSession:
+    """One worker process on the registry: registration, heartbeats, its attempts.
+
+    Calls that fail (a study server restarting) are kept in order and sent again by the
+    heartbeat thread, so the registry ends up with every record once. With ``recover_with``
+    (direct database access), the heartbeat thread also recovers other workers' lost trials.
+    """
+
+    def __init__(self, registry: Any, study_name: str, heartbeat_s: float,
+                 recover_with: Any = None, name: str | None = None) -> None:
+        self.registry = registry
+        self.study_name = study_name
+        self.name = name or worker_name()
+        self.heartbeat_s = heartbeat_s
+        self._recover_with = recover_with
+        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.lost = threading.Event()      # the registry gave this worker up
+        self._started = utcnow()
+        self._send("register", name=self.name, study=study_name, host=socket.gethostname(),
+                   pid=os.getpid())
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="autotune-beat")
+        self._thread.start()
+
+    def _send(self, method: str, **args: Any) -> None:
+        with self._lock:
+            self._pending.append((method, args))
+        self._flush()
+
+    def _flush(self) -> bool:
+        with self._lock:
+            while self._pending:
+                method, args = self._pending[0]
+                try:
+                    getattr(self.registry, method)(**args)
+                except Exception as e:  # noqa: BLE001 - kept; sent again with the next beat
+                    log.debug("registry call %s deferred: %s", method, e)
+                    return False
+                self._pending.pop(0)
+        return True
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            self.beat_once()
+
+    def beat_once(self) -> None:
+        if not self._flush():
+            return
+        try:
+            status = self.registry.heartbeat(name=self.name).get("status")
+        except Exception as e:  # noqa: BLE001 - the next beat tries again
+            log.debug("heartbeat failed: %s", e)
+            return
+        if status == "lost":
+            self.lost.set()
+        elif status == "unknown":   # the registry was emptied: register again
+            self._send("register", name=self.name, study=self.study_name,
+                       host=socket.gethostname(), pid=os.getpid())
+        if self._recover_with is not None:
+            try:
+                recover(self.registry, self._recover_with, self.study_name, self.heartbeat_s,
+                        self._started)
+            except Exception as e:  # noqa: BLE001 - the next beat tries again
+                log.debug("recovery failed: %s", e)
+
+    def attempt(self, trial_number: int, attempt: int, **fields: Any) -> None:
+        self._send("attempt", study=self.study_name, trial_number=trial_number,
+                   attempt=attempt, worker=self.name, **fields)
+
+    def close(self, timeout_s: float = 30.0) -> bool:
+        """Stops beating and says so; True if every record reached the registry."""
+        self._stop.set()
+        self._thread.join()
+        self._send("stop_worker", name=self.name)
+        deadline = time.monotonic() + timeout_s
+        while not self._flush() and time.monotonic() < deadline:
+            time.sleep(1.0)
+        return not self._pending
