@@ -18,6 +18,7 @@ over the same gRPC port); calls that fail while the server is away are kept and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import optuna
@@ -38,6 +39,7 @@ __all__ = ["ControlClient", "WorkerSession", "add_control_service", "recover", "
 
 log = logging.getLogger("autotune")
 STALE_BEATS = 1.5          # silent this many heartbeats: given up
+RECONNECT_GRACE = timedelta(seconds=10)   # after an outage of the registry, before recovery
 ORPHAN_BEATS = 6.0         # RUNNING with no attempt on record this many heartbeats: given up
 _METHOD = "/autotune.Control/Call"
 _CALLS = ("register", "heartbeat", "stop_worker", "attempt", "workers", "attempts")
@@ -198,6 +200,7 @@ class WorkerSession:
         self._stop = threading.Event()
         self.lost = threading.Event()      # the registry gave this worker up
         self._started = utcnow()
+        self._missed = False
         self._send("register", name=self.name, study=study_name, host=socket.gethostname(),
                    pid=os.getpid())
         self._thread = threading.Thread(target=self._beat, daemon=True, name="autotune-beat")
@@ -226,11 +229,17 @@ class WorkerSession:
 
     def beat_once(self) -> None:
         if not self._flush():
+            self._missed = True
             return
         try:
             status = self.registry.heartbeat(name=self.name).get("status")
         except Exception as e:  # noqa: BLE001 - the next beat tries again
             log.debug("heartbeat failed: %s", e)
+            self._missed = True
+            return
+        if self._missed:  # the registry was away: other workers' beats were lost too, so
+            self._missed = False          # give them time to beat again before recovering
+            self._started = utcnow() + RECONNECT_GRACE
             return
         if status == "lost":
             self.lost.set()
@@ -238,9 +247,11 @@ class WorkerSession:
             self._send("register", name=self.name, study=self.study_name,
                        host=socket.gethostname(), pid=os.getpid())
         if self._recover_with is not None:
+            patience = getattr(self._recover_with, "patience", None)
             try:
-                recover(self.registry, self._recover_with, self.study_name, self.heartbeat_s,
-                        self._started)
+                with patience(0) if patience else contextlib.nullcontext():
+                    recover(self.registry, self._recover_with, self.study_name,
+                            self.heartbeat_s, self._started)
             except Exception as e:  # noqa: BLE001 - the next beat tries again
                 log.debug("recovery failed: %s", e)
 

@@ -52,6 +52,7 @@ __all__ = ["TrialResult", "TrialRunner", "make_pruner", "make_sampler", "optuna_
            "tell_result"]
 
 LAUNCH_GRACE_S = 180.0      # setup time allowed before the trainer's first report
+STORE_RETRY_S = 3.0         # a trial's writes wait this long after the store failed to answer
 CONSTRAINT = "reach_target"
 MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
 # Failures the configuration causes (not the machine): recorded as complete but maximally
@@ -300,8 +301,11 @@ class TrialRunner:
         # Writes to the study store wait here while it is out of reach (a restarting study
         # server or database); the trainer goes on meanwhile and they are delivered in order.
         writes: list[Callable[[], Any]] = []
+        retry_at = [0.0]      # while the store is away, try it again only every few seconds
 
         def flush(patience: float | None) -> bool:
+            if patience is not None and time.monotonic() < retry_at[0]:
+                return False
             try:
                 with self._patience(patience):
                     while writes:
@@ -309,6 +313,7 @@ class TrialRunner:
                         writes.pop(0)
                 return True
             except StoreUnavailable:
+                retry_at[0] = time.monotonic() + STORE_RETRY_S
                 return False
 
         def idle() -> None:

@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 from .config import database_url
@@ -28,6 +29,9 @@ __all__ = ["serve", "open_database"]
 
 _LOCAL = ("127.0.0.1", "localhost", "::1")
 DEFAULT_HEARTBEAT_S = 10.0
+# After the server starts, or its database comes back, workers get this long (besides the
+# usual 1.5 heartbeats) to reconnect and beat before any is given up.
+RECONNECT_GRACE = timedelta(seconds=10)
 
 
 def open_database(storage_url: str) -> Any:
@@ -44,8 +48,10 @@ def open_database(storage_url: str) -> Any:
         storage: Any = _CachedStorage(rdb)
     except ImportError:  # a future Optuna without the private class: its public cache
         storage = optuna.storages.get_storage(database_url(storage_url))
+    # A short patience: a worker's call fails soon with "unavailable" and the worker keeps
+    # what it wanted to write, instead of its trainer waiting on a call held here.
     return RetryingStorage(storage, f"the study database {storage_url}",  # type: ignore[abstract]
-                           patience_s=600)
+                           patience_s=2.0)
 
 
 class ControlLoop:
@@ -57,8 +63,9 @@ class ControlLoop:
         self.registry = registry
         self.storage = storage
         self.echo = echo
-        self.started = utcnow()
+        self.started = utcnow() + RECONNECT_GRACE
         self._beats: dict[str, float] = {}
+        self._outage = False
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="autotune-control")
 
@@ -75,9 +82,15 @@ class ControlLoop:
     def once(self) -> float:
         """One pass over the live studies; the seconds until the next one."""
         from .control import recover
+        from .db import utcnow
 
         period = 1.0
-        for study in self.registry.live_studies():
+        studies = self.registry.live_studies()
+        if self._outage:  # the database is back: heartbeats sent meanwhile were lost, so
+            self._outage = False          # every worker gets time to beat again
+            self.started = utcnow() + RECONNECT_GRACE
+            return period
+        for study in studies:
             beat = self.heartbeat_s(study)
             period = min(period, beat / 4)
             recover(self.registry, self.storage, study, beat, self.started, self.echo)
@@ -89,6 +102,7 @@ class ControlLoop:
             try:
                 wait = self.once()
             except Exception as e:  # noqa: BLE001 - the database is away; try again soon
+                self._outage = True
                 self.echo(f"autotune server: control loop: {type(e).__name__}: "
                           f"{' '.join(str(e).split())[:200]}")
                 wait = 2.0
@@ -100,9 +114,36 @@ class ControlLoop:
         self._stop.set()
 
 
+class _SaysUnavailable:
+    """Optuna's storage service, answering UNAVAILABLE (which workers retry, or keep their
+    writes for later) while the database is away, instead of an unknown error."""
+
+    def __init__(self, service: Any) -> None:
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        import grpc
+
+        from ._retry import StoreUnavailable
+
+        method = getattr(self._service, name)
+        if not callable(method) or name.startswith("_"):
+            return method
+
+        def call(request: Any, context: Any) -> Any:
+            try:
+                return method(request, context)
+            except StoreUnavailable as e:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(e)[:300])
+
+        return call
+
+
 def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = print) -> int:
+    import grpc
     import optuna
-    from optuna.storages._grpc.server import make_server
+    from optuna.storages._grpc.auto_generated import api_pb2_grpc
+    from optuna.storages._grpc.servicer import OptunaStorageProxyService
 
     from .control import add_control_service
     from .db import Registry
@@ -123,7 +164,10 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
     except Exception as e:
         first = " ".join(str(e).split())[:200]
         raise ConfigError(f"cannot open storage {storage_url!r}: {first}") from e
-    server = make_server(storage, host, port, ThreadPoolExecutor(max_workers=32))
+    server = grpc.server(ThreadPoolExecutor(max_workers=32))
+    api_pb2_grpc.add_StorageServiceServicer_to_server(
+        _SaysUnavailable(OptunaStorageProxyService(storage)), server)
+    server.add_insecure_port(f"{host}:{port}")
     add_control_service(server, registry)
     server.start()
     loop = ControlLoop(registry, storage, lambda line: print(line, flush=True))

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .config import StudyConfig, database_url, resolve_tracking_uri
-from .control import WorkerSession, recover, registry_for
+from .control import RECONNECT_GRACE, WorkerSession, recover, registry_for
 from .db import utcnow
 from .errors import ConfigError, PlanError, SpaceError
 from .objective import TrialResult, TrialRunner, make_pruner, make_sampler
@@ -250,9 +250,14 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
             return
         if direct:
             try:
-                recover(registry, storage, cfg.study_name, cfg.heartbeat_s, since, echo)
+                with storage.patience(0):
+                    recover(registry, storage, cfg.study_name, cfg.heartbeat_s, since, echo)
             except Exception as e:  # noqa: BLE001 - the database is away; next round
                 echo(f"could not check for lost workers: {type(e).__name__}")
+                since = datetime.max           # until it is back, and a while after
+            else:
+                if since == datetime.max:
+                    since = utcnow() + RECONNECT_GRACE
         time.sleep(min(2.0, cfg.heartbeat_s / 4))
 
 

@@ -29,7 +29,7 @@ def test_a_study_survives_mlflow_going_down_and_loses_no_record(mlflow_server, t
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study_proc = subprocess.Popen(
         [sys.executable, "-m", "autotune", "start", "study", "quickstart", "--n-trials", "3",
-         "--max-trial-seconds", "20", "--storage", storage,
+         "--max-trial-seconds", "60", "--storage", storage,
          "--tracking-uri", mlflow_server.url],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -26,7 +26,7 @@ def test_a_remote_worker_runs_a_study_created_through_the_server(postgres, tmp_p
         wait_for_port(port)
         study = autotune("start", "study", "quickstart", "--storage",
                          f"autotune://127.0.0.1:{port}", "--workers", "0", "--n-trials", "2",
-                         "--max-trial-seconds", "20", cwd=tmp_path)
+                         "--max-trial-seconds", "60", cwd=tmp_path)
         time.sleep(3)
         worker = autotune("worker", "--server", f"127.0.0.1:{port}", "--study", "quickstart",
                           cwd=tmp_path)

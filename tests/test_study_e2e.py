@@ -18,7 +18,7 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     storage = f"sqlite:///{tmp_path / 'a.db'}"
     mlruns = tmp_path / "mlruns"
     args = ["start", "study", "quickstart", "--storage", storage, "--tracking-uri", str(mlruns),
-            "--max-trial-seconds", "15"]
+            "--max-trial-seconds", "60"]
     first = run_cli(*args, "--n-trials", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     out = first.stdout
