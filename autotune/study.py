@@ -63,19 +63,73 @@ def open_storage(url: str) -> Any:
 
 class _ServerProxy(optuna.storages.GrpcStorageProxy):
     """Optuna's gRPC client, reconnecting within 2 s once a restarted server is back (gRPC's
-    default backoff grows to 2 minutes)."""
+    default backoff grows to 2 minutes), with a trial cache that asks only for the states its
+    caller wants (finished trials for a pruning decision, waiting ones for the next trial):
+    Optuna's own cache fetches every running trial of the study on every call, which grows as
+    the square of the number of workers."""
 
     def _setup(self) -> None:
         import grpc
         from optuna.storages._grpc.auto_generated import api_pb2_grpc
-        from optuna.storages._grpc.client import GrpcClientCache
 
         from .control import CHANNEL_OPTIONS
 
         self._channel = grpc.insecure_channel(f"{self._host}:{self._port}",
                                               options=CHANNEL_OPTIONS)
         self._stub = api_pb2_grpc.StorageServiceStub(self._channel)
-        self._cache = GrpcClientCache(self._stub)
+        self._cache = _FinishedFirstCache(self._stub)
+
+
+def _finished_first_cache() -> type:
+    from optuna.storages._grpc.auto_generated import api_pb2
+    from optuna.storages._grpc.client import GrpcClientCache, GrpcClientCacheEntry
+    from optuna.storages._grpc.servicer import _from_proto_trial
+
+    class FinishedFirstCache(GrpcClientCache):
+        def get_all_trials(self, study_id: int, states: Any) -> list[FrozenTrial]:
+            with self.lock:
+                fresh = self._read(study_id, states)
+                study = self.studies[study_id]
+                if states is None:
+                    trials = list(study.trials.values())
+                else:  # finished ones from the cache; others as the server has them now
+                    trials = [t for t in study.trials.values()
+                              if t.state.is_finished() and t.state in states]
+                    trials += [t for t in fresh if not t.state.is_finished()
+                               and t.state in states]
+                return sorted(trials, key=lambda t: t.number)
+
+        def _read(self, study_id: int, states: Any) -> list[FrozenTrial]:
+            import grpc
+
+            if study_id not in self.studies:
+                self.studies[study_id] = GrpcClientCacheEntry()
+            study = self.studies[study_id]
+            request = api_pb2.GetTrialsRequest(
+                study_id=study_id, included_trial_ids=study.unfinished_trial_ids,
+                trial_id_greater_than=study.last_finished_trial_id)
+            metadata = None if states is None else [
+                (STATES_KEY, ",".join(TrialState(s).name for s in states))]
+            try:
+                reply = self.grpc_client.GetTrials(request, metadata=metadata)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    self.studies.pop(study_id, None)
+                    raise KeyError from e
+                raise
+            fresh = [_from_proto_trial(proto) for proto in reply.trials]
+            for trial in fresh:
+                self._add_trial_to_cache(study_id, trial)
+            return fresh
+
+    return FinishedFirstCache
+
+
+# gRPC metadata a study server honours: the states the caller wants. The reply holds the
+# trials that finished, those new to the client and those in these states; not every running
+# trial again.
+STATES_KEY = "autotune-states"
+_FinishedFirstCache = _finished_first_cache()
 
 
 def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:
