@@ -120,12 +120,29 @@ def _add_status(sub: Any) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from .config import validate_storage_url
+    from .errors import ConfigError
+    from .launch import read_hostfile
     from .worker import run_worker
 
     storage = f"autotune://{args.server}" if args.server else args.storage
     validate_storage_url(storage, "--server" if args.server else "--storage")
-    return run_worker(storage, args.study)
+    hostfile = None
+    if args.hostfile:
+        hostfile = Path(args.hostfile).resolve()
+        if not hostfile.is_file():
+            raise ConfigError(f"--hostfile {args.hostfile}: no such file; write one "
+                              "'HOST slots=N' line per node")
+        read_hostfile(hostfile)  # a malformed line: a one-line error now
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        raise ConfigError(f"--ranks-per-node must be at least 1, got {args.ranks_per_node}")
+    if args.ranks_per_node is not None and hostfile is None:
+        raise ConfigError("--ranks-per-node needs --hostfile; without one, the study's "
+                          "ranks_per_trial decides")
+    return run_worker(storage, args.study, hostfile=hostfile,
+                      ranks_per_node=args.ranks_per_node)
 
 
 def _add_worker(sub: Any) -> None:
@@ -134,6 +151,10 @@ def _add_worker(sub: Any) -> None:
     where.add_argument("--server", help="HOST:PORT of an `autotune server`")
     where.add_argument("--storage", help="the study's database URL, reached directly")
     p.add_argument("--study", required=True, help="study name")
+    p.add_argument("--hostfile", help="DeepSpeed hostfile: run each trial across its nodes "
+                                      "(over ssh, from this machine)")
+    p.add_argument("--ranks-per-node", type=int, help="ranks on each node of the hostfile "
+                                                      "(default: each line's slots)")
     p.set_defaults(func=_worker)
 
 

@@ -162,10 +162,12 @@ class TrainerProcess:
 class ReportChannel:
     """The worker's end of the trainer's report channel (see ``trainers.reporter``)."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", advertise: str | None = None) -> None:
+        """Listens on ``host``; the trainer connects to ``advertise`` (default ``host``): a
+        name other nodes reach this machine by, when rank 0 runs elsewhere."""
         self._server = socket.create_server((host, 0))
         self._server.settimeout(0.5)
-        self.address = f"{host}:{self._server.getsockname()[1]}"
+        self.address = f"{advertise or host}:{self._server.getsockname()[1]}"
         self._conn: socket.socket | None = None
 
     def messages(self, process: TrainerProcess, deadline: float,

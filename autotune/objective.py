@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +38,8 @@ from .launch import (
     TrainerProcess,
     deepspeed_command,
     free_port,
+    multinode_commands,
+    read_hostfile,
     trainer_env,
     trainer_path,
 )
@@ -112,8 +115,18 @@ class TrialRunner:
 
     def __init__(self, cfg: StudyConfig, space: SearchSpace, train_size: int,
                  tracker: Tracker | None, run_dir: Path, stop_at: float | None,
-                 storage: Any = None, session: Any = None) -> None:
+                 storage: Any = None, session: Any = None, hostfile: Path | None = None,
+                 ranks_per_node: int | None = None) -> None:
         self.storage = storage
+        # Trials across the nodes of a DeepSpeed hostfile (launched over ssh with pdsh from
+        # this machine), or on this machine's ranks.
+        self.hostfile = hostfile
+        self.ranks_per_node = ranks_per_node
+        world = cfg.ranks_per_trial
+        if hostfile is not None:
+            hosts = read_hostfile(hostfile)
+            world = (len(hosts) * ranks_per_node if ranks_per_node
+                     else sum(slots for _, slots in hosts))
         self.session = session      # a control.WorkerSession: attempts and heartbeats
         self._interrupted = threading.Event()
         self.cfg = cfg
@@ -123,7 +136,7 @@ class TrialRunner:
         self.run_dir = run_dir
         self.stop_at = stop_at
         self.pruner = make_pruner(cfg)
-        self.hardware = Hardware(world_size=cfg.ranks_per_trial, device=cfg.device,
+        self.hardware = Hardware(world_size=world, device=cfg.device,
                                  max_micro_batch=cfg.trainer.max_micro_batch)
 
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any]]:
@@ -277,10 +290,7 @@ class TrialRunner:
 
     def _follow(self, study: optuna.Study, trial: optuna.Trial, plan: dict[str, Any],
                 plan_path: Path, folder: Path, run_key: str | None) -> TrialResult:
-        channel = ReportChannel()
-        command = deepspeed_command(trainer_path(self.cfg.trainer.program), plan_path,
-                                    channel.address, ranks=self.cfg.ranks_per_trial,
-                                    master_port=free_port())
+        channel, command = self._command(plan_path)
         (folder / "command.txt").write_text(" ".join(command) + "\n")
         try:
             process = TrainerProcess(command, trainer_env(self.cfg.device, 1),
@@ -374,6 +384,23 @@ class TrialRunner:
         result = self._result(trial.number, end, code, process, best, evals, stop_reason)
         result.curve = curve
         return result
+
+    def _command(self, plan_path: Path) -> tuple[ReportChannel, list[str]]:
+        """The report channel and the launcher command of a trial."""
+        script = trainer_path(self.cfg.trainer.program)
+        if self.hostfile is None:
+            channel = ReportChannel()
+            return channel, deepspeed_command(script, plan_path, channel.address,
+                                              ranks=self.cfg.ranks_per_trial,
+                                              master_port=free_port())
+        channel = ReportChannel("0.0.0.0", advertise=socket.getfqdn())
+        first = read_hostfile(self.hostfile)[0][0]
+        command = multinode_commands(script, plan_path, channel.address,
+                                     hostfile=self.hostfile, master_addr=first,
+                                     master_port=free_port(), ssh=True)[0]
+        if self.ranks_per_node:
+            command[1:1] = ["--num_gpus", str(self.ranks_per_node)]
+        return channel, command
 
     def _deadline(self, study: optuna.Study, last: float | None) -> float | None:
         """The pruner's deadline for a trial; ``last`` when the study store is away."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import optuna
 
@@ -13,31 +14,41 @@ from .errors import ConfigError
 __all__ = ["show"]
 
 
-def _workers(url: str, study: str) -> list[tuple[str, str, str, str]]:
-    """(name, host, status, last heartbeat) of the study's registered workers, if any."""
-    from sqlalchemy import create_engine, inspect, select
-    from sqlalchemy.orm import Session
+def _workers(url: str, study: str) -> list[dict[str, Any]]:
+    """The study's registered workers (name, host, status, last heartbeat), if any."""
+    from sqlalchemy import create_engine, inspect
 
-    from .db import Worker
+    from .control import registry_for
+    from .db import Registry, Worker
 
+    if url.startswith("autotune://"):
+        client: Any = registry_for(url)       # the study server's control channel
+        try:
+            return list(client.workers(study=study))
+        finally:
+            client.close()
     engine = create_engine(database_url(url))
     try:
         if not inspect(engine).has_table(Worker.__tablename__):
             return []
-        with Session(engine) as session:
-            rows = session.scalars(select(Worker).where(Worker.study_name == study)).all()
-            return [(w.name, w.host, w.status, w.last_heartbeat.isoformat(" ", "seconds"))
-                    for w in rows]
     finally:
         engine.dispose()
+    registry = Registry(url, create=False)
+    try:
+        return registry.workers(study)
+    finally:
+        registry.close()
 
 
 def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> int:
+    from .study import open_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    store = open_storage(storage)
     try:
-        study = optuna.load_study(study_name=study_name, storage=database_url(storage))
+        study = optuna.load_study(study_name=study_name, storage=store)
     except KeyError as e:
-        names = [s.study_name for s in optuna.get_all_study_summaries(database_url(storage))]
+        names = [s.study_name for s in optuna.get_all_study_summaries(store)]
         raise ConfigError(f"no study {study_name!r} in {storage}; studies there: "
                           f"{', '.join(names) or 'none'}") from e
     trials = study.get_trials(deepcopy=False)
@@ -62,8 +73,9 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
     workers = _workers(storage, study_name)
     if workers:
         echo("workers:")
-        for name, host, status, beat in workers:
-            echo(f"  {name} on {host}: {status}, last heartbeat {beat}")
+        for w in workers:
+            echo(f"  {w['name']} on {w['host']}: {w['status']}, last heartbeat "
+                 f"{w['last_heartbeat']} UTC")
     if best is None:
         echo("best: no trial has reached the target yet")
     else:

@@ -50,9 +50,11 @@ def _budget_left(study: optuna.Study, cfg: StudyConfig) -> bool:
     return len(_finished(study)) + len(running) < cfg.budget.n_trials
 
 
-def run_worker(storage_url: str, study_name: str,
-               echo: Callable[[str], None] = print) -> int:
-    """Takes trials of ``study_name`` until its budget is spent or SIGTERM arrives."""
+def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = print,
+               hostfile: Path | None = None, ranks_per_node: int | None = None) -> int:
+    """Takes trials of ``study_name`` until its budget is spent or SIGTERM arrives. With a
+    ``hostfile``, each trial runs across its nodes (``ranks_per_node`` ranks each, or each
+    line's slots), started over ssh from this machine."""
     from trainers.sources import train_size
 
     quiet_libraries()
@@ -67,7 +69,7 @@ def run_worker(storage_url: str, study_name: str,
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder / f"worker-{name}",
                       {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"})
     runner = TrialRunner(cfg, space, train_size(cfg.trainer.data), tracker, folder, None,
-                         storage, session)
+                         storage, session, hostfile=hostfile, ranks_per_node=ranks_per_node)
     stopping = []
 
     def on_sigterm(*_: Any) -> None:  # checkpoint the running trial; it resumes elsewhere

@@ -104,6 +104,8 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_on_the_other_worker(
         survivor = next(w for w in workers if w is not victim)
         _, w_err = survivor.communicate(timeout=180)
         assert survivor.returncode == 0, w_err[-2000:]
+        shown = run_cli("status", "crash", "--storage", f"autotune://{address}", cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
     finally:
         for w in workers:
             if w.poll() is None:
@@ -135,6 +137,10 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_on_the_other_worker(
     assert out.count("[trial ") == 4
     assert not trainer_processes(tmp_path / "autotune-runs" / "crash" /
                                  f"trial-{lost.number}" / "plan.json")
+
+    # `autotune status`, through the server: trials, both workers and their last beats.
+    assert "worker_lost" in shown.stdout and ": lost, last heartbeat" in shown.stdout
+    assert ": stopped, last heartbeat" in shown.stdout and "best: " in shown.stdout
 
     # autotune's tables: the lost worker and attempt, the resumption that followed it.
     workers_on_record = {w["name"]: w["status"] for w in registry.workers("crash")}

@@ -83,3 +83,44 @@ def test_a_bad_hostfile_names_the_line(tmp_path, text):
     with pytest.raises(LaunchError, match="HOST slots=N"):
         read_hostfile(hostfile)
 
+
+
+def test_a_worker_with_a_hostfile_launches_each_trial_across_its_nodes_over_ssh(tmp_path):
+    from autotune.config import StudyConfig
+    from autotune.objective import TrialRunner
+    from autotune.space import load_space
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("gpu-a slots=8\ngpu-b slots=8\n")
+    cfg = StudyConfig()
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None, tmp_path,
+                         None, hostfile=hostfile, ranks_per_node=4)
+    assert runner.hardware.world_size == 8                  # 2 nodes x 4 ranks
+    channel, command = runner._command(tmp_path / "plan.json")
+    channel.close()
+    assert command[1:3] == ["--num_gpus", "4"]
+    assert command[command.index("--hostfile") + 1] == str(hostfile)
+    assert command[command.index("--master_addr") + 1] == "gpu-a"
+    assert command[command.index("--launcher") + 1] == "pdsh"
+    assert command[command.index("--report-to") + 1] == channel.address
+    assert not channel.address.startswith(("127.", "0.0.0.0"))   # reachable from gpu-a
+    every_slot = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None,
+                             tmp_path, None, hostfile=hostfile)
+    assert every_slot.hardware.world_size == 16
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--hostfile", "missing"], "--hostfile missing: no such file"),
+    (["--ranks-per-node", "2"], "--ranks-per-node needs --hostfile"),
+    (["--hostfile", "bad", "--ranks-per-node", "1"], "is not 'HOST slots=N'"),
+])
+def test_worker_node_flags_are_checked_before_anything_runs(tmp_path, args, message):
+    from .conftest import run_cli
+
+    (tmp_path / "bad").write_text("gpu-a 8\n")
+    result = run_cli("worker", "--storage", f"sqlite:///{tmp_path / 'x.db'}", "--study", "s",
+                     *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("autotune: error:") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.db").exists()

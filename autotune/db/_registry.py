@@ -147,12 +147,12 @@ class Registry:
                                                          Worker.status == "running",
                                                          Worker.last_heartbeat < cutoff)):
                 worker.status = "lost"
-            rows = [(row.id, name) for row, name in s.execute(
-                select(TrialAttempt, Worker.name)
+            rows = [(row.id, name, beat) for row, name, beat in s.execute(
+                select(TrialAttempt, Worker.name, Worker.last_heartbeat)
                 .join(Worker, TrialAttempt.worker_id == Worker.id)
                 .where(TrialAttempt.study_name == study, TrialAttempt.status == "running",
                        Worker.status.in_(("lost", "stopped")))).all()]
-        for attempt_id, worker_name in rows:
+        for attempt_id, worker_name, last_beat in rows:
             with Session(self.engine) as s, s.begin():
                 done = s.execute(update(TrialAttempt)
                                  .where(TrialAttempt.id == attempt_id,
@@ -168,7 +168,7 @@ class Registry:
                                 "attempt": row.attempt, "worker": worker_name,
                                 "checkpoint_path": row.checkpoint_path,
                                 "elapsed_s": row.elapsed_s,
-                                "last_heartbeat": row.last_heartbeat.replace(
+                                "last_heartbeat": min(last_beat, row.last_heartbeat).replace(
                                     tzinfo=UTC).timestamp()})
         return claimed
 

@@ -1,0 +1,111 @@
+"""The worker registry and recovery of lost trials, on a real (SQLite) study database."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+import optuna
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from autotune.control import WorkerSession, recover
+from autotune.db import Registry, Worker, current, head, utcnow
+
+
+def make_study(url):
+    study = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    return study, trial
+
+
+def silence(registry, name, seconds):
+    """As if worker ``name`` last beat ``seconds`` ago."""
+    with Session(registry.engine) as s, s.begin():
+        s.execute(update(Worker).where(Worker.name == name)
+                  .values(last_heartbeat=utcnow() - timedelta(seconds=seconds)))
+
+
+def test_a_silent_workers_trial_is_failed_and_queued_with_its_checkpoint_once(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study, trial = make_study(url)
+    registry = Registry(url)                      # creates autotune's tables on first use
+    assert current(url) == head()
+    registry.register(name="w1", study="s", host="h", pid=1)
+    registry.attempt(study="s", trial_number=trial.number, attempt=1, worker="w1")
+    registry.attempt(study="s", trial_number=trial.number, attempt=1, worker="w1",
+                     checkpoint_path="/ckpt/step-11", elapsed_s=7.5)
+    storage = study._storage
+
+    # Alive: nothing to do. Silent but within 1.5 beats: nothing either.
+    assert recover(registry, storage, "s", 10.0, datetime.min) == []
+    silence(registry, "w1", 12)
+    assert recover(registry, storage, "s", 10.0, datetime.min) == []
+    # A recoverer that came up (or whose database came back) less than 1.5 beats ago waits.
+    silence(registry, "w1", 20)
+    assert recover(registry, storage, "s", 10.0, utcnow()) == []
+
+    assert recover(registry, storage, "s", 10.0, datetime.min) == [trial.number]
+    assert recover(registry, storage, "s", 10.0, datetime.min) == []     # claimed once
+    lost = study.trials[trial.number]
+    assert lost.state.name == "FAIL" and lost.user_attrs["stop_reason"] == "worker_lost"
+    queued = [t for t in study.trials if t.state.name == "WAITING"]
+    assert len(queued) == 1
+    attrs = queued[0].user_attrs
+    assert attrs["resume_from"] == "/ckpt/step-11" and attrs["resume_elapsed_s"] == 7.5
+    assert attrs["lineage"] == [trial.number] and attrs["lost_worker"] == "w1"
+    assert time.time() - attrs["interrupted_at"] >= 19          # the last heartbeat's time
+    assert queued[0].system_attrs["fixed_params"] == lost.params   # the same configuration
+    assert [w["status"] for w in registry.workers("s")] == ["lost"]
+    assert [a["status"] for a in registry.attempts("s")] == ["lost"]
+    # The lost worker, back from a network partition, learns it was given up.
+    assert registry.heartbeat(name="w1") == {"status": "lost"}
+    registry.close()
+
+
+def test_a_trial_running_with_no_worker_on_record_is_queued_again(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study, trial = make_study(url)
+    registry = Registry(url)
+    assert recover(registry, study._storage, "s", 10.0, datetime.min) == []   # too recent
+    time.sleep(0.2)
+    assert recover(registry, study._storage, "s", 0.01, datetime.min) == [trial.number]
+    assert study.trials[trial.number].state.name == "FAIL"
+    assert [t.state.name for t in study.trials] == ["FAIL", "WAITING"]
+    assert "resume_from" not in study.trials[1].user_attrs     # from the start
+    registry.close()
+
+
+def test_a_worker_session_keeps_its_records_while_the_registry_is_away(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    make_study(url)
+    registry = Registry(url)
+
+    class Flaky:
+        """The registry behind a study server that is down until ``up`` is set."""
+
+        up = False
+
+        def __getattr__(self, name):
+            def call(**args):
+                if not Flaky.up:
+                    raise ConnectionError("study server is restarting")
+                return getattr(registry, name)(**args)
+            return call
+
+    session = WorkerSession(Flaky(), "s", heartbeat_s=3600, name="w9")
+    session.attempt(0, 1, status="running")
+    session.attempt(0, 1, checkpoint_path="/c/step-4", elapsed_s=3.0)
+    assert registry.workers("s") == []                        # nothing arrived yet
+    Flaky.up = True
+    session.beat_once()
+    assert [w["name"] for w in registry.workers("s")] == ["w9"]
+    attempts = registry.attempts("s")
+    assert [(a["status"], a["checkpoint_path"]) for a in attempts] == [("running",
+                                                                        "/c/step-4")]
+    session.attempt(0, 1, status="finished", elapsed_s=9.0)
+    assert session.close(timeout_s=5)
+    assert [(a["status"], a["elapsed_s"]) for a in registry.attempts("s")] == [
+        ("finished", 9.0)]
+    assert [w["status"] for w in registry.workers("s")] == ["stopped"]
+    registry.close()
