@@ -40,6 +40,7 @@ PARAMETERS: dict[str, Any] = {
     "nesterov": False,
     "weight_decay": 5e-5,
     "lars_trust_coefficient": 0.001,  # LARS: layer LR = lr x coefficient x |w| / |update|
+    "grad_clip_norm": 0.0,         # clip the global gradient norm to this; 0: no clipping
 }
 REQUIRED = tuple(k for k, v in PARAMETERS.items() if v is None)
 
@@ -109,6 +110,9 @@ def _params(sampled: Mapping[str, Any]) -> dict[str, Any]:
     if params["optimizer"] not in OPTIMIZERS:
         raise PlanError(f"unknown optimizer {params['optimizer']!r}; "
                         f"allowed: {', '.join(OPTIMIZERS)}")
+    if params["grad_clip_norm"] < 0:
+        raise PlanError(f"grad_clip_norm {params['grad_clip_norm']} is negative; 0 turns "
+                        "clipping off")
     if not 0.0 <= params["label_smoothing"] < 1.0:
         raise PlanError(f"label_smoothing {params['label_smoothing']} is outside [0, 1)")
     if int(params["epochs"]) < 1 or params["warmup_epochs"] < 0:
@@ -163,6 +167,8 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
         "deepspeed": {
             "train_batch_size": batch, "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": accum, "zero_optimization": {"stage": 0},
+            # DeepSpeed clips at norm 1.0 unless told otherwise; the plan says whether to.
+            "gradient_clipping": float(p["grad_clip_norm"]),
             "bf16": {"enabled": on_gpu}, "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         },

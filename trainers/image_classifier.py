@@ -167,6 +167,8 @@ class Trainer:
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                     lr_scheduler=self.scheduler,
                                                     config=plan["deepspeed"])
+        if self.world == 1:  # nothing to average: skip DeepSpeed's gradient all-reduce
+            self.engine.enable_backward_allreduce = False
         if plan.get("compile"):
             self.engine.compile()  # DeepSpeed compiles the wrapped module with torch.compile
         self.forward = self.engine
