@@ -46,6 +46,8 @@ class TrainerConfig:
     num_classes: int = 10
     data: dict[str, Any] = field(default_factory=lambda: {"kind": "digits", "image_size": 32})
     max_micro_batch: int = 64               # images per rank per forward pass
+    probe_micro_batch: bool = False         # lower that cap to what a short memory probe
+                                            # finds fits on this worker's devices
     eval_every_steps: int = 0               # evaluate every k optimizer steps; 0: off
     eval_every_s: float = 0.0               # evaluate every s training seconds; 0: off
                                             # (both off: at the end of every epoch)

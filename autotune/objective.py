@@ -110,6 +110,35 @@ def optuna_state(result: TrialResult) -> str:
     return "COMPLETE"
 
 
+def probe_micro_batch(cfg: StudyConfig, ranks: int) -> int:
+    """The largest micro-batch (up to the configured cap) whose training step fits in one
+    device's memory, measured by ``trainers/probe.py`` on this machine."""
+    import subprocess
+    import sys
+
+    data = cfg.trainer.data
+    command = [sys.executable, str(trainer_path("probe")), "--model", cfg.trainer.model,
+               "--num-classes", str(cfg.trainer.num_classes),
+               "--image-size", str(int(data.get("image_size", 224))),
+               "--start", str(cfg.trainer.max_micro_batch), "--device", cfg.device,
+               "--precision", cfg.trainer.precision, "--ranks", str(ranks)]
+    done = subprocess.run(command, env=trainer_env(cfg.device, 1), capture_output=True,
+                          text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = " ".join(done.stderr.strip().splitlines()[-1:])[:300]
+        raise AutotuneError(f"the micro-batch memory probe failed (exit code "
+                            f"{done.returncode}): {tail or 'no message'}")
+    found = json.loads(lines[-1])
+    if int(found["micro_batch"]) < 1:
+        raise AutotuneError(f"not even 2 images of {cfg.trainer.model} at "
+                            f"{data.get('image_size', 224)} px train within "
+                            f"{found['budget_bytes'] / 2**30:.1f} GiB on {cfg.device}; use a "
+                            "smaller model or image size")
+    log.info("memory probe: micro-batch %s fits (%s)", found["micro_batch"], found["tried"])
+    return int(found["micro_batch"])
+
+
 class TrialRunner:
     """Runs trials of one study; shared by the local workers."""
 
@@ -136,8 +165,10 @@ class TrialRunner:
         self.run_dir = run_dir
         self.stop_at = stop_at
         self.pruner = make_pruner(cfg)
-        self.hardware = Hardware(world_size=world, device=cfg.device,
-                                 max_micro_batch=cfg.trainer.max_micro_batch)
+        cap = cfg.trainer.max_micro_batch
+        if cfg.trainer.probe_micro_batch:
+            cap = probe_micro_batch(cfg, ranks_per_node or cfg.ranks_per_trial)
+        self.hardware = Hardware(world_size=world, device=cfg.device, max_micro_batch=cap)
 
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any]]:
         """A new trial and its parameters; points that violate a constraint are dropped
