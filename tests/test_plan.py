@@ -66,6 +66,16 @@ def test_plan_derives_steps_warmup_and_peak_lr():
     assert ds["zero_optimization"]["stage"] == 0
 
 
+def test_gradient_clipping_is_the_plans_alone():
+    # DeepSpeed clips at norm 1.0 when its config says nothing: the plan always says.
+    assert plan_for(global_batch=128, lr_per_256=0.1, epochs=2)["deepspeed"][
+        "gradient_clipping"] == 0.0
+    assert plan_for(global_batch=128, lr_per_256=0.1, epochs=2, grad_clip_norm=2.5)[
+        "deepspeed"]["gradient_clipping"] == 2.5
+    with pytest.raises(PlanError, match="grad_clip_norm -1 is negative"):
+        plan_for(global_batch=128, lr_per_256=0.1, epochs=2, grad_clip_norm=-1)
+
+
 def test_plan_rejects_unknown_and_missing_parameters():
     with pytest.raises(PlanError, match="unknown plan parameter.*lr;"):
         plan_for(lr=0.1)

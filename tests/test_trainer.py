@@ -42,6 +42,7 @@ def test_a_stop_reply_ends_the_trial_after_that_evaluation(tmp_path):
     assert messages[-1]["reason"] == "stopped" and messages[-1]["steps"] == 11
 
 
+@pytest.mark.slow  # every study with a reached trial stops others by deadline
 def test_a_deadline_stops_the_trial_between_evaluations(tmp_path):
     messages = drive(make_plan(epochs=6), tmp_path,
                      lambda m: {"action": "continue", "reason": "", "deadline_s": 0.5})
@@ -57,6 +58,7 @@ def test_a_diverging_lr_is_reported_as_diverged(tmp_path):
     assert end["evals"] == 0 and end["steps"] < 11      # long before the first evaluation
 
 
+@pytest.mark.slow  # the quickstart studies evaluate every 2 s
 def test_evaluations_every_k_seconds_come_between_epoch_ends(tmp_path):
     messages = drive(make_plan({"eval_every_s": 0.5}, epochs=2), tmp_path)
     evals = [m for m in messages if m["type"] == "eval"]

@@ -43,6 +43,7 @@ def _wait(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow  # 2 minutes: a study, mlflow ui and Chromium
 def test_the_ui_shows_the_study_run_with_its_trials_nested(tmp_path):
     browser = _browser()
     try:

@@ -225,7 +225,14 @@ class Trainer:
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Top-1, top-5 and mean loss over the whole validation set, sharded over the ranks."""
+        """Top-1, top-5 and mean loss over the whole validation set, sharded over the ranks.
+
+        Every rank first takes rank 0's buffers (BatchNorm's running statistics, which each
+        rank updates from its own batches), so the ranks evaluate one model: the one rank 0
+        saves."""
+        if self.world > 1:
+            for buffer in self.engine.module.buffers():
+                dist.broadcast(buffer, src=0)
         self.engine.eval()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         with torch.no_grad(), self._autocast():
