@@ -18,7 +18,7 @@ from autotune.space import load_space
 
 def probe(*args):
     done = subprocess.run([sys.executable, str(trainer_path("probe")), "--model", "resnet18",
-                           "--num-classes", "10", "--image-size", "64", "--device", "cpu",
+                           "--num-classes", "10", "--image-size", "96", "--device", "cpu",
                            "--precision", "fp32", *args], env=trainer_env("cpu", 1),
                           capture_output=True, text=True, timeout=300, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

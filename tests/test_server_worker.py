@@ -66,6 +66,8 @@ def test_a_worker_for_an_unknown_study_is_one_line(tmp_path):
     assert result.stderr.strip().startswith("autotune: error: no study 'nope'")
 
 
+@pytest.mark.slow  # 2 minutes; test_crash_safety resumes a lost trial elsewhere, and
+# test_trainer_resume checks the trainer's checkpoint on SIGTERM
 def test_sigterm_checkpoints_the_running_trial_and_another_worker_resumes_it(postgres,
                                                                              tmp_path):
     url = postgres.database()

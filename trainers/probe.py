@@ -7,8 +7,9 @@ memory format) at 2, 4, 8, ... images up to ``--start``, until one does not fit,
 one JSON line:
 ``{"micro_batch": N, "peak_bytes": B, "budget_bytes": L, "tried": [[N, B or null], ...]}``.
 A step fits when its peak memory stays within the budget: 90% of the GPU's memory (an
-out-of-memory error does not fit either), or on CPUs half the memory available now, shared
-by ``--ranks`` ranks; ``--budget-bytes`` sets it instead.
+out-of-memory error does not fit either), or on CPUs the process's resident memory within
+half of the memory available now, shared by ``--ranks`` ranks; ``--budget-bytes`` sets it
+instead.
 """
 
 from __future__ import annotations
@@ -17,23 +18,44 @@ import argparse
 import gc
 import json
 import sys
+import threading
+import time
 from typing import Any
 
 import torch
 
 
-def _max_rss() -> int:
-    """The process's peak resident memory so far, in bytes (Linux reports KiB)."""
-    import resource
+def _rss() -> int:
+    import psutil
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return int(psutil.Process().memory_info().rss)
+
+
+class _PeakRss:
+    """The process's largest resident memory while the block runs, sampled every ms."""
+
+    def __enter__(self) -> _PeakRss:
+        self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
 
 
 def step_peak(model: Any, micro: int, size: int, classes: int, device: torch.device,
-              bf16: bool, base: int) -> int | None:
-    """Peak bytes one training step of ``micro`` images takes (on CPUs: the process's peak
-    above ``base``, which only grows as the probe tries larger batches); None if out of
-    memory."""
+              bf16: bool) -> int | None:
+    """Peak bytes during one training step of ``micro`` images (on GPUs: allocated by torch;
+    on CPUs: the process's resident memory); None if out of memory."""
     on_gpu = device.type == "cuda"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(micro, 3, size, size, device=device)
@@ -45,15 +67,16 @@ def step_peak(model: Any, micro: int, size: int, classes: int, device: torch.dev
     try:
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu and bf16
                     else torch.autocast("cpu", enabled=False))
-        with autocast:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with _PeakRss() as watched:
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         if on_gpu:
             torch.cuda.synchronize(device)
             return int(torch.cuda.max_memory_allocated(device))
-        return max(_max_rss() - base, 0)
+        return watched.peak
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if "out of memory" not in str(e).lower() and not isinstance(e, torch.OutOfMemoryError):
             raise
@@ -78,12 +101,11 @@ def probe(model_name: str, classes: int, size: int, start: int, device_name: str
     else:
         limit = budget or int(0.5 * psutil.virtual_memory().available / max(ranks, 1))
     model.train()
-    base = _max_rss()
     sizes = [1 << i for i in range(1, max(int(start), 2).bit_length()) if 1 << i < start]
     tried: list[list[Any]] = []
     best: dict[str, Any] = {"micro_batch": 0, "peak_bytes": None}
     for micro in [*sizes, max(int(start), 2)]:  # BatchNorm needs 2 images to train
-        peak = step_peak(model, micro, size, classes, device, precision == "bf16", base)
+        peak = step_peak(model, micro, size, classes, device, precision == "bf16")
         tried.append([micro, peak])
         if peak is None or peak > limit:
             break
