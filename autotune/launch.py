@@ -17,6 +17,7 @@ from typing import Any
 from .errors import LaunchError
 
 __all__ = ["deepspeed_command", "free_port", "keep_going", "multinode_commands",
+           "sweep_orphaned_shm_buffers",
            "read_hostfile", "run_plan", "ReportChannel", "TrainerProcess", "trainer_path"]
 
 
@@ -103,6 +104,27 @@ def remove_shm_buffers(master_port: int) -> None:
     (about 64 MB each, never removed by DeepSpeed): without this, every trial leaks memory."""
     for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{master_port}_*"):
         path.unlink(missing_ok=True)
+
+
+def sweep_orphaned_shm_buffers(folder: Path = Path("/dev/shm")) -> list[Path]:
+    """Deletes DeepSpeed's shared-memory buffers that no live process maps: those of trials
+    whose worker was killed (SIGKILL) before it could remove them. Returns what it deleted."""
+    found = list(folder.glob("deepspeed_allreduce_buffer_*"))
+    if not found:
+        return []
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue                       # gone, or not ours to read
+        if "deepspeed_allreduce_buffer_" in text:
+            mapped.update(line.rsplit(None, 1)[-1] for line in text.splitlines()
+                          if "deepspeed_allreduce_buffer_" in line)
+    gone = [p for p in found if str(p) not in mapped]
+    for path in gone:
+        path.unlink(missing_ok=True)
+    return gone
 
 
 class TrainerProcess:

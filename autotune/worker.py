@@ -57,7 +57,10 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     line's slots), started over ssh from this machine."""
     from trainers.sources import train_size
 
+    from .launch import sweep_orphaned_shm_buffers
+
     quiet_libraries()
+    sweep_orphaned_shm_buffers()  # left by an earlier worker on this machine killed with -9
     storage = open_storage(storage_url)
     study, cfg, space = _load(storage, study_name)
     name = worker_name()

@@ -109,3 +109,19 @@ def test_a_worker_session_keeps_its_records_while_the_registry_is_away(tmp_path)
         ("finished", 9.0)]
     assert [w["status"] for w in registry.workers("s")] == ["stopped"]
     registry.close()
+
+
+def test_shared_memory_buffers_no_process_maps_are_swept_and_mapped_ones_kept(tmp_path):
+    import mmap
+
+    from autotune.launch import sweep_orphaned_shm_buffers
+
+    orphan = tmp_path / "deepspeed_allreduce_buffer_0_127.0.0.1_40001_0"
+    orphan.write_bytes(b"\0" * 4096)
+    live = tmp_path / "deepspeed_allreduce_buffer_0_127.0.0.1_40002_0"
+    live.write_bytes(b"\0" * 4096)
+    other = tmp_path / "not_deepspeed"
+    other.write_bytes(b"x")
+    with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096):   # as a running rank maps it
+        assert sweep_orphaned_shm_buffers(tmp_path) == [orphan]
+        assert live.exists() and other.exists() and not orphan.exists()
