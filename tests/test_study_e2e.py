@@ -113,7 +113,7 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
         "trainer:\n"
         "  data: {kind: imagefolder, path: my_images, image_size: 32, loader_workers: 1}\n"
         "target: {metric: top1, value: 0.9}\n"
-        "budget: {n_trials: 2, max_trial_s: 12}\n")
+        "budget: {n_trials: 2, max_trial_s: 30}\n")
     result = run_cli("start", "study", "study.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     study = optuna.load_study(study_name="my-images",
