@@ -138,7 +138,9 @@ def _requeue(storage: Any, lost: dict[str, Any]) -> bool:
     checkpoint = lost.get("checkpoint_path")
     detail = (f"worker {lost['worker']} stopped sending heartbeats; the trial resumes from "
               f"{'its checkpoint ' + checkpoint if checkpoint else 'the start'}")
-    attrs = {"outcome": "failed", "stop_reason": "worker_lost", "detail": detail}
+    attrs: dict[str, Any] = {"outcome": "failed", "stop_reason": "worker_lost", "detail": detail}
+    if checkpoint:   # the registry's record is the latest; the worker's own write may be lost
+        attrs.update(checkpoint=checkpoint, checkpoint_elapsed_s=lost.get("elapsed_s"))
     for key, value in attrs.items():
         storage.set_trial_user_attr(trial_id, key, value)
     storage.set_trial_state_values(trial_id, TrialState.FAIL)

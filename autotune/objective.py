@@ -402,6 +402,7 @@ class TrialRunner:
                     writes.append(partial(trial.set_user_attr, "checkpoint_elapsed_s", saved_at))
                     self._record(trial, attempt, checkpoint_path=str(msg["path"]),
                                  elapsed_s=saved_at)
+                    flush(0)
                     channel.reply({"action": "ack"})
                 elif kind == "end":
                     end = msg
