@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -49,9 +50,16 @@ def _deepspeed_executable() -> str:
 
 def deepspeed_command(script: Path, plan_path: Path, report_to: str, *, ranks: int,
                       master_port: int) -> list[str]:
-    """The launcher command that starts ``ranks`` local ranks of ``script``."""
-    return [_deepspeed_executable(), "--num_gpus", str(ranks), "--master_port", str(master_port),
-            str(script), "--plan", str(plan_path), "--report-to", report_to]
+    """The launcher command that starts ``ranks`` local ranks of ``script``.
+
+    It is the command DeepSpeed's ``deepspeed`` runner builds for one node, run directly: the
+    runner only writes it and waits, and its own start (Python, torch, DeepSpeed) costs every
+    trial seconds on a CPU."""
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode())
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch",
+            f"--world_info={world.decode()}", "--master_addr=127.0.0.1",
+            f"--master_port={master_port}", str(script), "--plan", str(plan_path),
+            "--report-to", report_to]
 
 
 def read_hostfile(path: Path) -> list[tuple[str, int]]:

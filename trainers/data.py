@@ -6,7 +6,10 @@ training and 360 validation images, upsampled to the plan's resolution and kept 
 
 from __future__ import annotations
 
+import os
+import pickle
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,21 +33,49 @@ class Split:
         return int(self.labels.shape[0])
 
 
-def _digits(image_size: int) -> tuple[Split, Split]:
+def _cache_path() -> Path:
+    root = os.environ.get("AUTOTUNE_CACHE_DIR") or Path.home() / ".cache" / "autotune"
+    return Path(root) / f"digits-split{_SPLIT_SEED}.pt"
+
+
+def _digits_split() -> tuple[Any, Any, Any, Any]:
+    """The digits split once into training and validation arrays.
+
+    Importing scikit-learn costs every rank of every trial most of a second, so the split is
+    kept in a small cache file after the first load (written whole, then renamed)."""
+    cache = _cache_path()
+    try:
+        saved = torch.load(cache, weights_only=True)
+        return saved["x_train"], saved["x_val"], saved["y_train"], saved["y_val"]
+    except (OSError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError):
+        pass
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     bunch = load_digits()
-    x_train, x_val, y_train, y_val = train_test_split(
+    x_train, x_val, y_train, y_val = (torch.tensor(a) for a in train_test_split(
         bunch.images, bunch.target, test_size=DIGITS_VAL, random_state=_SPLIT_SEED,
-        stratify=bunch.target)
+        stratify=bunch.target))
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(f".{os.getpid()}.partial")
+        torch.save({"x_train": x_train, "x_val": x_val, "y_train": y_train, "y_val": y_val},
+                   partial)
+        partial.replace(cache)
+    except OSError:
+        pass  # no cache where the home folder is read-only: load from scikit-learn each time
+    return x_train, x_val, y_train, y_val
+
+
+def _digits(image_size: int) -> tuple[Split, Split]:
+    x_train, x_val, y_train, y_val = _digits_split()
 
     def to_split(images: Any, labels: Any) -> Split:
-        x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
+        x = images.to(torch.float32).unsqueeze(1) / 16.0
         x = torch.nn.functional.interpolate(x, size=(image_size, image_size), mode="bilinear",
                                             align_corners=False)
         x = (x - 0.3) / 0.4
-        return Split(x.expand(-1, 3, -1, -1).contiguous(), torch.tensor(labels).long())
+        return Split(x.expand(-1, 3, -1, -1).contiguous(), labels.long())
 
     return to_split(x_train, y_train), to_split(x_val, y_val)
 
