@@ -10,10 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .errors import LaunchError
 
@@ -135,14 +138,27 @@ def sweep_orphaned_shm_buffers(folder: Path = Path("/dev/shm")) -> list[Path]:
     return gone
 
 
+def _master_port(command: list[str]) -> int | None:
+    """The rendezvous port a launcher command names (``--master_port P`` or ``=P``)."""
+    for i, arg in enumerate(command):
+        if arg.startswith("--master_port="):
+            port = arg.partition("=")[2]
+        elif arg == "--master_port" and i + 1 < len(command):
+            port = command[i + 1]
+        else:
+            continue
+        return int(port) if port.isdigit() else None
+    return None
+
+
 class TrainerProcess:
     """The launcher and its ranks, in their own process group so they stop together."""
 
     def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
-        port = command[command.index("--master_port") + 1] if "--master_port" in command else ""
-        self.master_port = int(port) if port.isdigit() else None
+        self.master_port = _master_port(command)
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        self._code: int | None = None
         try:
             self.proc = subprocess.Popen(command, env=env, stdout=self._log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -169,16 +185,58 @@ class TrainerProcess:
             except subprocess.TimeoutExpired:
                 continue
 
-    def wait(self, timeout_s: float = 60.0) -> int:
+    @property
+    def returncode(self) -> int | None:
+        """The exit code :meth:`wait` returned; None before."""
+        return self._code
+
+    def wait(self, timeout_s: float = 60.0, *, ended: bool = False) -> int:
+        """The launcher's exit code, once it has exited (killed after ``timeout_s``).
+
+        With ``ended`` (rank 0 reported the trial's end), 0 as soon as every rank has exited:
+        the launcher then only sleeps out its one-second poll and tears itself down, which is
+        left to a background thread, and the next trial can start."""
+        if ended and self._ranks_exit(timeout_s):
+            self._code = 0
+            if self.master_port is not None:   # the ranks that mapped them are gone
+                remove_shm_buffers(self.master_port)
+            threading.Thread(target=self._reap, name="reap-launcher", daemon=True).start()
+            return 0
         try:
             code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
             code = self.proc.wait()
+        self._reap()
+        self._code = code
+        return code
+
+    def _ranks_exit(self, timeout_s: float) -> bool:
+        """Waits until the launcher has no live child; False if it is gone or time is up."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            launcher = psutil.Process(self.proc.pid)
+        except psutil.Error:
+            return False
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                alive = [c for c in launcher.children(recursive=True)
+                         if c.status() != psutil.STATUS_ZOMBIE]
+            except psutil.Error:
+                return False
+            if not alive:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.kill()
         self._log.close()
         if self.master_port is not None:
             remove_shm_buffers(self.master_port)
-        return code
 
     def tail(self, lines: int = 5) -> str:
         try:
@@ -285,5 +343,5 @@ def run_plan(plan: dict[str, Any], folder: Path, *, answer: Answer = keep_going,
                 on_message(message, channel, process)
     finally:
         channel.close()
-        process.wait()
+        process.wait(ended=any(m.get("type") == "end" for m in messages))
     return messages, process

@@ -411,7 +411,7 @@ class TrialRunner:
             channel.close()
             if end is None:
                 process.kill()
-            code = process.wait()
+            code = process.wait(ended=end is not None)
             flush(None)
         result = self._result(trial.number, end, code, process, best, evals, stop_reason)
         result.curve = curve

@@ -3,10 +3,15 @@
     python benchmarks/trainer_throughput.py [--model resnet50] [--size 32] [--batch 64]
 
 1. The trainer (trainers/image_classifier.py under the deepspeed launcher, one rank, all
-   cores, a fixed plan, synthetic data): images/s over its training windows after the first
-   (warm), as it reports them.
+   cores, a fixed plan, synthetic data): images/s over each training window, as it reports
+   them at its evaluations.
 2. A plain PyTorch loop written here: same model, batch, threads and precision (fp32 on CPUs),
-   SGD with momentum, the same label-smoothed loss; warmed up, then timed.
+   SGD with momentum and the same loss; warmed up, then timed. It runs interleaved with the
+   trainer: at each evaluation the trainer waits, idle, for the benchmark's reply, and the
+   benchmark times one plain window before replying. Each trainer window after the first
+   (warm-up) is compared with the mean of the plain windows on either side of it, so the
+   machine's drift (this one's speed moves by a fifth within minutes) cancels; the ratio is
+   the median over windows.
 3. The trainer's ImageFolder loader alone (default loader workers) over a tree of JPEGs this
    benchmark generates, at the same resolution.
 
@@ -22,22 +27,62 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from autotune.launch import run_plan  # noqa: E402
+from autotune.launch import keep_going, run_plan  # noqa: E402
 from autotune.plan import Hardware, resolve  # noqa: E402
 
 THREADS = os.cpu_count() or 1
 
 
-def trainer_rate(model: str, size: int, batch: int, windows: int, folder: Path) -> float:
-    steps = 8
+class PlainLoop:
+    """The baseline: the same model, batch, threads and precision in a plain PyTorch loop."""
+
+    def __init__(self, model: str, size: int, batch: int) -> None:
+        import torchvision
+
+        torch.set_num_threads(THREADS)
+        torch.manual_seed(0)
+        self.net = getattr(torchvision.models, model)(num_classes=1000)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9,
+                                   weight_decay=5e-5)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.x = torch.randn(batch, 3, size, size)
+        self.y = torch.randint(0, 1000, (batch,))
+        self.batch = batch
+        self.warm = False
+        self.net.train()
+
+    def _step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.net(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        loss.item()
+
+    def window(self, steps: int) -> float:
+        """Images/s over ``steps`` steps (after three warm-up steps, the first time)."""
+        if not self.warm:
+            for _ in range(3):
+                self._step()
+            self.warm = True
+        start = time.perf_counter()
+        for _ in range(steps):
+            self._step()
+        return self.batch * steps / (time.perf_counter() - start)
+
+
+def interleaved(model: str, size: int, batch: int, windows: int, steps: int,
+                folder: Path) -> tuple[list[float], list[float]]:
+    """(trainer, plain) images/s per window: trainer window k runs before plain window k."""
+    plain = PlainLoop(model, size, batch)
     data = {"kind": "synthetic", "image_size": size, "num_classes": 1000,
-            "train_images": batch * steps * (windows + 1), "val_images": 8}
+            "train_images": batch * steps * windows, "val_images": 8}
     plan = resolve({"global_batch": batch, "lr_per_256": 0.1, "epochs": 1},
                    trainer={"model": model, "num_classes": 1000, "data": data,
                             "eval_every_steps": steps, "eval_batch": 8},
@@ -45,38 +90,27 @@ def trainer_rate(model: str, size: int, batch: int, windows: int, folder: Path) 
                    hardware=Hardware(world_size=1, max_micro_batch=batch,
                                      threads_per_rank=THREADS),
                    target={"metric": "top1", "value": 1.0}, max_seconds=0)
-    messages, process = run_plan(plan, folder, threads_per_rank=THREADS)
-    rates = [m["images_per_s"] for m in messages if m["type"] == "eval"]
-    if process.proc.returncode != 0 or len(rates) < 2:
+    trainer_rates: list[float] = []
+    plain_rates: list[float] = []
+
+    def answer(message: dict[str, Any]) -> dict[str, Any]:
+        if message.get("type") == "eval":   # the trainer waits, idle, for this reply
+            trainer_rates.append(float(message["images_per_s"]))
+            plain_rates.append(plain.window(steps))
+        return keep_going(message)
+
+    _, process = run_plan(plan, folder, answer=answer, threads_per_rank=THREADS)
+    if process.returncode != 0 or len(trainer_rates) < 2:
         raise SystemExit(f"the trainer failed: {process.tail(20)}")
-    return statistics.median(rates[1:])  # the first window includes warm-up
+    return trainer_rates, plain_rates
 
 
-def plain_rate(model: str, size: int, batch: int, steps: int) -> float:
-    import torchvision
-
-    torch.set_num_threads(THREADS)
-    torch.manual_seed(0)
-    net = getattr(torchvision.models, model)(num_classes=1000)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    x = torch.randn(batch, 3, size, size)
-    y = torch.randint(0, 1000, (batch,))
-    net.train()
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        loss.item()
-
-    for _ in range(3):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return batch * steps / (time.perf_counter() - start)
+def paired(trainer: list[float], plain: list[float]) -> tuple[float, float, float]:
+    """Median trainer and bracketing-plain images/s over the windows after the first, and
+    the median of their per-window ratios."""
+    pairs = [(trainer[k], (plain[k - 1] + plain[k]) / 2) for k in range(1, len(trainer))]
+    return (statistics.median(t for t, _ in pairs), statistics.median(p for _, p in pairs),
+            statistics.median(t / p for t, p in pairs))
 
 
 def make_jpegs(root: Path, classes: int, per_class: int, size: int) -> None:
@@ -113,21 +147,26 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--size", type=int, default=32, help="image side in pixels")
     parser.add_argument("--batch", type=int, default=64, help="images per step")
-    parser.add_argument("--windows", type=int, default=4, help="timed trainer windows")
+    parser.add_argument("--windows", type=int, default=5, help="timed windows (after one "
+                        "warm-up window)")
+    parser.add_argument("--steps", type=int, default=8, help="steps per window")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        trainer = trainer_rate(args.model, args.size, args.batch, args.windows, folder)
+        trainer_rates, plain_rates = interleaved(args.model, args.size, args.batch,
+                                                 args.windows + 1, args.steps, folder)
+        trainer, plain, ratio = paired(trainer_rates, plain_rates)
+        shown = zip(trainer_rates, plain_rates, strict=True)
+        print("windows (trainer / plain img/s): "
+              + ", ".join(f"{t:.1f}/{p:.1f}" for t, p in shown), flush=True)
         print(f"trainer: {trainer:.1f} img/s ({args.model}, {args.size}px, batch {args.batch}, "
-              f"1 rank, {THREADS} threads, fp32)", flush=True)
-        plain = plain_rate(args.model, args.size, args.batch, steps=8 * args.windows)
-        print(f"plain PyTorch loop: {plain:.1f} img/s (same model, batch, threads, precision)",
-              flush=True)
+              f"1 rank, {THREADS} threads, fp32); plain PyTorch loop: {plain:.1f} img/s "
+              "(same model, batch, threads, precision)", flush=True)
         make_jpegs(folder / "jpegs", classes=10, per_class=100, size=160)
         loader = loader_rate(folder / "jpegs", args.size, args.batch)
         print(f"ImageFolder loader alone: {loader:.1f} img/s (1,000 JPEGs of 160px, "
               f"random-resized-crop to {args.size}px, default workers)", flush=True)
-    print(f"trainer_img_s={trainer:.1f} plain_img_s={plain:.1f} ratio={trainer / plain:.3f} "
+    print(f"trainer_img_s={trainer:.1f} plain_img_s={plain:.1f} ratio={ratio:.3f} "
           f"loader_img_s={loader:.1f} loader_ratio={loader / trainer:.2f}")
 
 

@@ -31,7 +31,7 @@ def drive(plan: dict[str, Any], folder: Path, answer: Callable[[Message], Messag
     """Runs ``plan`` on its ranks and answers each report; returns every message."""
     messages, process = run_plan(plan, folder, answer=answer, on_message=on_message,
                                  timeout_s=300)
-    assert process.proc.returncode == 0, process.tail(20)
+    assert process.returncode == 0, process.tail(20)
     leaked = list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{process.master_port}_*"))
     assert not leaked, f"shared-memory buffers left behind: {leaked}"
     return messages

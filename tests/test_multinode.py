@@ -124,3 +124,20 @@ def test_worker_node_flags_are_checked_before_anything_runs(tmp_path, args, mess
     assert result.stderr.startswith("autotune: error:") and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.db").exists()
+
+
+def test_one_node_launch_is_deepspeeds_launcher_with_the_ranks_and_port(tmp_path):
+    import base64
+
+    from autotune.launch import deepspeed_command
+
+    command = deepspeed_command(trainer_path("image_classifier"), tmp_path / "p.json",
+                                "127.0.0.1:4000", ranks=3, master_port=29511)
+    assert command[1:4] == ["-u", "-m", "deepspeed.launcher.launch"]
+    world = next(a for a in command if a.startswith("--world_info="))
+    assert json.loads(base64.urlsafe_b64decode(world.partition("=")[2])) == {
+        "localhost": [0, 1, 2]}
+    process = TrainerProcess(["true", "--master_port=29511"], {}, tmp_path / "log")
+    assert process.master_port == 29511 and process.wait() == 0
+    assert TrainerProcess(["true", "--master_port", "29512"], {},
+                          tmp_path / "log").master_port == 29512
