@@ -14,6 +14,7 @@ from autotune.pruners import (
     best_tta,
     decide,
     interpolate,
+    next_evaluation,
     optimistic_tta,
     rungs_crossed,
 )
@@ -40,7 +41,23 @@ def test_bound_stops_a_trial_past_the_best_tta():
     c = curve([(5, 0.9), (10.5, 0.95)], planned_s=40)
     assert decide(c, [], best_tta=10.0, rules=RULES) == "bound"
     assert decide(c, [], best_tta=15.0, rules=RULES) is None
-    assert decide(c, [], best_tta=10.0, rules=Rules(target=0.97, margin=1.3)) is None
+    assert decide(c, [], best_tta=10.0, rules=Rules(target=0.97, margin=1.5)) is None
+
+
+def test_bound_stops_a_trial_whose_next_evaluation_comes_after_the_best_tta():
+    # A small batch evaluates every 11 s; the best TTA is 15 s. At its first evaluation (11 s,
+    # 0.9) the next one cannot come before 11 + 0.5 x 11 = 16.5 s: it cannot win.
+    slow = curve([(11, 0.9)], planned_s=44)
+    assert next_evaluation(slow, RULES) == pytest.approx(16.5)
+    assert decide(slow, [], best_tta=15.0, rules=RULES) == "bound"
+    assert decide(slow, [], best_tta=17.0, rules=RULES) is None
+    # After the first interval (warm-up included) the pace is the shortest later interval.
+    steady = curve([(3, 0.5), (5, 0.8), (7, 0.9)], planned_s=40)
+    assert next_evaluation(steady, RULES) == pytest.approx(7 + 0.8 * 2)
+    # The end of the planned schedule brings an evaluation, however long the interval.
+    ending = curve([(11, 0.95)], planned_s=12)
+    assert next_evaluation(ending, RULES) == pytest.approx(12)
+    assert decide(ending, [], best_tta=15.0, rules=RULES) is None
 
 
 def test_no_best_no_bound_and_no_projection():

@@ -4,7 +4,8 @@ Each rule answers one question about a running trial and returns a stop reason o
 
 * ``diverged``: the loss is NaN or infinite, or accuracy is still at chance after a set share
   of the planned schedule;
-* ``bound``: its elapsed time has passed the best TTA (times a margin): it cannot win;
+* ``bound``: its elapsed time has passed the best TTA (times a margin), or its next
+  evaluation cannot come before it: it cannot win (TTA is taken at an evaluation);
 * ``projection``: even an optimistic projection of its TTA is later than the best TTA;
 * ``rung``: at wall-clock rungs (``min_rung_s`` x eta^k seconds) it is in the bottom
   1 - 1/eta of the trials that got there, compared at equal elapsed time, as ASHA does
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from ._curves import Curve, interpolate
 
-__all__ = ["Rules", "decide", "optimistic_tta", "rungs_crossed"]
+__all__ = ["Rules", "decide", "next_evaluation", "optimistic_tta", "rungs_crossed"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class Rules:
     diverge_after: float = 0.3    # share of the schedule after which chance accuracy diverged
     optimism: float = 2.0         # projection assumes progress this much faster than observed
     end_gain: float = 1.0         # accuracy the rest of a schedule can add: end_gain x sqrt(left)
+    first_pace: float = 0.5       # the next evaluation: at least this share of the first interval
+    pace: float = 0.8             # ... or of the shortest interval after the first
 
 
 def optimistic_tta(curve: Curve, rules: Rules) -> float:
@@ -62,6 +65,20 @@ def optimistic_tta(curve: Curve, rules: Rules) -> float:
             slope = (math.log(e1) - math.log(e0)) / (t1 - t0) * rules.optimism
             best = min(best, now + (math.log(et) - math.log(e1)) / slope)
     return best
+
+
+def next_evaluation(curve: Curve, rules: Rules) -> float:
+    """The earliest elapsed time of the trial's next evaluation.
+
+    Evaluations come at a steady pace (every epoch, k steps or s seconds), and one always
+    comes at the end of the planned schedule. The pace may quicken (the first interval holds
+    the warm-up: up to twice the later ones, measured), so the next one is assumed
+    ``first_pace`` of the first interval away, or ``pace`` of the shortest later one."""
+    if not curve.times:
+        return 0.0
+    gaps = [b - a for a, b in zip((0.0, *curve.times), curve.times, strict=False)]
+    step = rules.pace * min(gaps[1:]) if len(gaps) > 1 else rules.first_pace * gaps[0]
+    return min(curve.elapsed + max(step, 0.0), max(curve.planned_end(), curve.elapsed))
 
 
 def rungs_crossed(before: float, now: float, rules: Rules) -> list[float]:
@@ -101,7 +118,8 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
     if curve.reached_at is not None or not curve.times:
         return None
     deadline = None if best_tta is None else best_tta * rules.margin
-    if deadline is not None and curve.elapsed > deadline:
+    if deadline is not None and (curve.elapsed > deadline
+                                 or next_evaluation(curve, rules) > deadline):
         return "bound"
     projected = optimistic_tta(curve, rules)
     if deadline is not None and projected > deadline and len(curve.times) >= 2:
