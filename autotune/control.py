@@ -226,19 +226,28 @@ class WorkerSession:
         return True
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
+        # A steady cadence: a slow call delays one beat, not every later one.
+        next_at = time.monotonic() + self.heartbeat_s
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at = max(next_at + self.heartbeat_s, time.monotonic())
             self.beat_once()
 
     def beat_once(self) -> None:
-        if not self._flush():
-            self._missed = True
-            return
+        registered = not any(method == "register" for method, _ in self._pending)
         try:
-            status = self.registry.heartbeat(name=self.name).get("status")
+            # The beat goes first, not behind deferred records or a call the worker's main
+            # thread is making: under load, waiting for those made live workers look lost.
+            status = (self.registry.heartbeat(name=self.name).get("status") if registered
+                      else "unknown")
         except Exception as e:  # noqa: BLE001 - the next beat tries again
             log.debug("heartbeat failed: %s", e)
             self._missed = True
             return
+        if not self._flush():
+            self._missed = True
+            return
+        if status == "unknown" and not registered:
+            return                         # its registration just went through
         if self._missed:  # the registry was away: other workers' beats were lost too, so
             self._missed = False          # give them time to beat again before recovering
             self._started = utcnow() + RECONNECT_GRACE

@@ -344,6 +344,8 @@ class TrialRunner:
         writes: list[Callable[[], Any]] = []
         retry_at = [0.0]      # while the store is away, try it again only every few seconds
 
+        given_up: list[bool] = []   # the registry gave this worker up and ended the trial
+
         def flush(patience: float | None) -> bool:
             if patience is not None and time.monotonic() < retry_at[0]:
                 return False
@@ -356,6 +358,14 @@ class TrialRunner:
             except StoreUnavailable:
                 retry_at[0] = time.monotonic() + STORE_RETRY_S
                 return False
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Failed and queued to resume elsewhere while this worker looked lost: its
+                # records end here; the trainer is stopped at its next report.
+                log.warning("trial %d was given up by the registry; stopping it here",
+                            trial.number)
+                writes.clear()
+                given_up.append(True)
+                return True
 
         def idle() -> None:
             if self._interrupted.is_set() and not asked:
@@ -390,6 +400,9 @@ class TrialRunner:
                         reply = self._decide(study, trial, msg, deadline)
                     else:  # the study store is away: no decision without it; go on
                         reply = {"action": "continue", "reason": "", "deadline_s": deadline}
+                    if given_up:
+                        reply = {"action": "stop", "reason": "worker_lost",
+                                 "deadline_s": deadline}
                     deadline = reply["deadline_s"]
                     stop_reason = reply["reason"] or stop_reason
                     if (reply["action"] == "continue" and every > 0
