@@ -213,8 +213,12 @@ class WorkerSession:
             self._pending.append((method, args))
         self._flush()
 
-    def _flush(self) -> bool:
-        with self._lock:
+    def _flush(self, wait: bool = True) -> bool:
+        """Delivers the deferred records in order; without ``wait``, True at once when another
+        thread is delivering them."""
+        if not self._lock.acquire(blocking=wait):
+            return True
+        try:
             while self._pending:
                 method, args = self._pending[0]
                 try:
@@ -223,7 +227,9 @@ class WorkerSession:
                     log.debug("registry call %s deferred: %s", method, e)
                     return False
                 self._pending.pop(0)
-        return True
+            return True
+        finally:
+            self._lock.release()
 
     def _beat(self) -> None:
         # A steady cadence: a slow call delays one beat, not every later one.
@@ -243,7 +249,7 @@ class WorkerSession:
             log.debug("heartbeat failed: %s", e)
             self._missed = True
             return
-        if not self._flush():
+        if not self._flush(wait=False):
             self._missed = True
             return
         if status == "unknown" and not registered:

@@ -111,6 +111,39 @@ def test_a_worker_session_keeps_its_records_while_the_registry_is_away(tmp_path)
     registry.close()
 
 
+def test_heartbeats_keep_their_cadence_while_a_registry_call_is_slow():
+    """A worker's record that takes long to arrive (a loaded study server) must not hold its
+    heartbeats back: late beats make a live worker look lost."""
+    import threading
+
+    beats: list[float] = []
+    slow = threading.Event()
+
+    class Slow:
+        def register(self, **args):
+            return {}
+
+        def heartbeat(self, **args):
+            beats.append(time.monotonic())
+            return {"status": "running"}
+
+        def attempt(self, **args):
+            slow.set()
+            time.sleep(1.5)
+            return {}
+
+        def stop_worker(self, **args):
+            return {}
+
+    session = WorkerSession(Slow(), "s", heartbeat_s=0.2, name="w1")
+    started = time.monotonic()
+    session.attempt(0, 1, status="running")             # the main thread: 1.5 s in the call
+    assert slow.is_set()
+    during = [b for b in beats if started <= b <= started + 1.5]
+    assert len(during) >= 5, during                     # about 7 at 0.2 s
+    assert session.close(timeout_s=5)
+
+
 def test_shared_memory_buffers_no_process_maps_are_swept_and_mapped_ones_kept(tmp_path):
     import mmap
 
