@@ -204,11 +204,16 @@ class Trainer:
                "cuda": torch.cuda.get_rng_state_all() if self.on_gpu else None}
         torch.save(rng, folder / tag / f"rng-rank{self.rank}.pt")
         dist.barrier()
-        if self.rank == 0:  # complete on every rank: the older checkpoints can go
-            for old in folder.glob(_TAG.format("*")):
-                if old.name != tag and old.is_dir():
-                    shutil.rmtree(old, ignore_errors=True)
         return float(state["elapsed"]), str(folder / tag)
+
+    def _prune_checkpoints(self, keep: str) -> None:
+        """Rank 0 removes the checkpoints older than ``keep``, once the worker has acknowledged
+        it: until then the registry may still point a resumption at the previous one."""
+        if self.rank != 0:
+            return
+        for old in Path(self.plan["checkpoint_dir"]).glob(_TAG.format("*")):
+            if str(old) != keep and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
 
     def _load(self, path: Path) -> None:
         if not (path / f"rng-rank{self.rank}.pt").is_file():
@@ -362,6 +367,8 @@ class Trainer:
             summary["checkpoint_elapsed_s"] = saved_at
         if self.rank == 0:
             self.reporter.send(summary)
+            if saved_in is not None:
+                self._prune_checkpoints(keep=saved_in)
         dist.barrier()
         return summary
 
@@ -371,6 +378,7 @@ class Trainer:
         elapsed, path = self.save(clock)
         if self.rank == 0:
             self.reporter.send({"type": "checkpoint", "path": path, "elapsed_s": elapsed})
+            self._prune_checkpoints(keep=path)
         dist.barrier()
         clock.control_s += time.perf_counter() - t
 
