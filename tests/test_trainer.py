@@ -67,3 +67,15 @@ def test_evaluations_every_k_seconds_come_between_epoch_ends(tmp_path):
     assert evals[-1]["step"] == 22          # the final step is always evaluated
     gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(evals, evals[1:], strict=False)]
     assert min(gaps) > 0
+
+
+@pytest.mark.slow  # inductor compiles the model's forward and backward: minutes on 2 cores
+def test_a_compiled_model_trains_and_follows_the_plan(tmp_path):
+    plan = make_plan({"compile": True}, world=1, epochs=2, warmup_epochs=0.0)
+    assert plan["compile"]
+    messages = drive(plan, tmp_path)
+    evals = [m for m in messages if m["type"] == "eval"]
+    assert [m["step"] for m in evals] == [11, 22]
+    assert all(m["lr"] == pytest.approx(lr_at(m["step"], plan["peak_lr"], plan["schedule"]))
+               for m in evals)
+    assert messages[-1]["reason"] == "planned_epochs" and evals[-1]["top1"] > 0.5
