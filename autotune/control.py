@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -34,13 +35,14 @@ from optuna.trial import TrialState
 
 from .db import Registry, utcnow
 
-__all__ = ["ControlClient", "WorkerSession", "add_control_service", "recover", "registry_for",
-           "STALE_BEATS", "worker_name"]
+__all__ = ["ControlClient", "StallGuard", "WorkerSession", "add_control_service", "recover",
+           "registry_for", "stall_grace", "STALE_BEATS", "worker_name"]
 
 log = logging.getLogger("autotune")
 STALE_BEATS = 1.5          # silent this many heartbeats: given up
 RECONNECT_GRACE = timedelta(seconds=10)   # after an outage of the registry, before recovery
 ORPHAN_BEATS = 6.0         # RUNNING with no attempt on record this many heartbeats: given up
+LATE_S = 1.0               # a recoverer this late for its own next check was itself stalled
 _METHOD = "/autotune.Control/Call"
 _CALLS = ("register", "heartbeat", "stop_worker", "attempt", "workers", "attempts")
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
@@ -108,6 +110,33 @@ def registry_for(storage_url: str) -> Any:
 
 
 # -- recovery ---------------------------------------------------------------------------------
+class StallGuard:
+    """Whether a recoverer may give anyone up now: not right after it was stalled itself.
+
+    When a whole machine stalls for seconds (two trials starting on loaded cores, a burst of
+    disk writes holding up the database's commits), the recoverer's clock runs on while every
+    heartbeat waits: in a worker's process, in the study server, in the database. Judged on
+    waking, live workers look silent. So a recoverer that finds itself more than ``LATE_S``
+    behind its own schedule holds its judgement for ``grace_s``, while the delayed beats land.
+    A pure decision on the times it is given."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._hold_until = -math.inf
+
+    def may_recover(self, now: float, period_s: float, grace_s: float) -> bool:
+        """``now``: a monotonic time; ``period_s``: the intended gap since the last call."""
+        if self._last is not None and now - self._last > period_s + LATE_S:
+            self._hold_until = now + grace_s
+        self._last = now
+        return now >= self._hold_until
+
+
+def stall_grace(heartbeat_s: float) -> float:
+    """How long a stalled recoverer holds its judgement: half a beat, at least 2 s."""
+    return max(2.0, heartbeat_s / 2)
+
+
 def recover(registry: Registry, storage: Any, study_name: str, heartbeat_s: float,
             alive_since: datetime, echo: Callable[[str], None] | None = None) -> list[int]:
     """Gives up ``study_name``'s silent workers and queues their trials to resume; returns
@@ -200,8 +229,9 @@ class WorkerSession:
         self._pending: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.lost = threading.Event()      # the registry gave this worker up
+        self.lost = threading.Event()      # the registry gave this worker up (at least once)
         self._started = utcnow()
+        self._guard = StallGuard()
         self._missed = False
         self._send("register", name=self.name, study=study_name, host=socket.gethostname(),
                    pid=os.getpid())
@@ -259,11 +289,19 @@ class WorkerSession:
             self._started = utcnow() + RECONNECT_GRACE
             return
         if status == "lost":
+            # Given up while alive (its beats came late): its running trial was failed and
+            # queued to resume elsewhere, and the trainer stops at its next report. The worker
+            # registers again, or every trial it takes from now on would be given up too.
+            log.warning("worker %s was given up as lost (its heartbeats came late); its trial "
+                        "resumes elsewhere, and it goes on with the next", self.name)
             self.lost.set()
+            self._send("register", name=self.name, study=self.study_name,
+                       host=socket.gethostname(), pid=os.getpid())
         elif status == "unknown":   # the registry was emptied: register again
             self._send("register", name=self.name, study=self.study_name,
                        host=socket.gethostname(), pid=os.getpid())
-        if self._recover_with is not None:
+        if self._recover_with is not None and self._guard.may_recover(
+                time.monotonic(), self.heartbeat_s, stall_grace(self.heartbeat_s)):
             patience = getattr(self._recover_with, "patience", None)
             try:
                 with patience(0) if patience else contextlib.nullcontext():

@@ -155,6 +155,8 @@ class ControlLoop:
         self.echo = echo
         self.started = utcnow() + RECONNECT_GRACE
         self._beats: dict[str, float] = {}
+        self._guards: dict[str, Any] = {}     # study: StallGuard
+        self._period = 1.0                    # the wait before this pass
         self._outage = False
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="autotune-control")
@@ -171,10 +173,10 @@ class ControlLoop:
 
     def once(self) -> float:
         """One pass over the live studies; the seconds until the next one."""
-        from .control import recover
+        from .control import StallGuard, recover, stall_grace
         from .db import utcnow
 
-        period = 1.0
+        period, now = 1.0, time.monotonic()
         studies = self.registry.live_studies()
         if self._outage:  # the database is back: heartbeats sent meanwhile were lost, so
             self._outage = False          # every worker gets time to beat again
@@ -183,8 +185,11 @@ class ControlLoop:
         for study in studies:
             beat = self.heartbeat_s(study)
             period = min(period, beat / 4)
-            recover(self.registry, self.storage, study, beat, self.started, self.echo)
-        return max(period, 0.1)
+            guard = self._guards.setdefault(study, StallGuard())
+            if guard.may_recover(now, self._period, stall_grace(beat)):
+                recover(self.registry, self.storage, study, beat, self.started, self.echo)
+        self._period = max(period, 0.1)
+        return self._period
 
     def _run(self) -> None:
         wait = 1.0

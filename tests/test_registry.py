@@ -158,3 +158,40 @@ def test_shared_memory_buffers_no_process_maps_are_swept_and_mapped_ones_kept(tm
     with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096):   # as a running rank maps it
         assert sweep_orphaned_shm_buffers(tmp_path) == [orphan]
         assert live.exists() and other.exists() and not orphan.exists()
+
+
+def test_a_worker_given_up_while_alive_registers_again_and_its_next_trial_is_kept(tmp_path):
+    """A live worker whose beats came late is given up and its trial resumes elsewhere; its
+    next trial must not be given up too (it was, while its record still said lost)."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study, trial = make_study(url)
+    registry = Registry(url)
+    session = WorkerSession(registry, "s", heartbeat_s=3600, name="w1")
+    session.attempt(trial.number, 1, status="running")
+    silence(registry, "w1", 20)
+    assert recover(registry, study._storage, "s", 10.0, datetime.min) == [trial.number]
+    session.beat_once()                                  # learns it was given up
+    assert session.lost.is_set()
+    assert [w["status"] for w in registry.workers("s")] == ["running"]
+    nxt = study.ask()                                    # the resumption, or any next trial
+    session.attempt(nxt.number, 1, status="running")
+    assert recover(registry, study._storage, "s", 10.0, datetime.min) == []
+    assert [(a["trial_number"], a["status"]) for a in registry.attempts("s")] == [
+        (trial.number, "lost"), (nxt.number, "running")]
+    assert session.close(timeout_s=5)
+    registry.close()
+
+
+def test_a_recoverer_that_was_stalled_itself_holds_its_judgement_for_a_grace():
+    """Decided on the times given: on schedule it may recover; after waking more than a
+    second late (the machine stalled, heartbeats are still on their way) it waits."""
+    from autotune.control import StallGuard, stall_grace
+
+    guard = StallGuard()
+    assert guard.may_recover(100.0, 1.0, 2.0)             # the first check
+    assert guard.may_recover(101.1, 1.0, 2.0)             # on time
+    assert guard.may_recover(103.0, 1.0, 2.0)             # 0.9 s late: within the tolerance
+    assert not guard.may_recover(107.0, 1.0, 2.0)         # 3 s late: held until 109
+    assert not guard.may_recover(108.0, 1.0, 2.0)
+    assert guard.may_recover(109.0, 1.0, 2.0)
+    assert stall_grace(4.0) == 2.0 and stall_grace(10.0) == 5.0
