@@ -116,19 +116,18 @@ class StallGuard:
     When a whole machine stalls for seconds (two trials starting on loaded cores, a burst of
     disk writes holding up the database's commits), the recoverer's clock runs on while every
     heartbeat waits: in a worker's process, in the study server, in the database. Judged on
-    waking, live workers look silent. So a recoverer that finds itself more than ``LATE_S``
-    behind its own schedule holds its judgement for ``grace_s``, while the delayed beats land.
-    A pure decision on the times it is given."""
+    waking, live workers look silent. So a recoverer that wakes more than ``LATE_S`` after it
+    was due holds its judgement for ``grace_s``, while the delayed beats land. A pure decision
+    on the times it is given."""
 
     def __init__(self) -> None:
-        self._last: float | None = None
         self._hold_until = -math.inf
 
-    def may_recover(self, now: float, period_s: float, grace_s: float) -> bool:
-        """``now``: a monotonic time; ``period_s``: the intended gap since the last call."""
-        if self._last is not None and now - self._last > period_s + LATE_S:
-            self._hold_until = now + grace_s
-        self._last = now
+    def may_recover(self, now: float, due: float | None, grace_s: float) -> bool:
+        """``now``: a monotonic time; ``due``: when this check was meant to run (None: no
+        schedule to be late for)."""
+        if due is not None and now - due > LATE_S:
+            self._hold_until = max(self._hold_until, now + grace_s)
         return now >= self._hold_until
 
 
@@ -265,10 +264,11 @@ class WorkerSession:
         # A steady cadence: a slow call delays one beat, not every later one.
         next_at = time.monotonic() + self.heartbeat_s
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            next_at = max(next_at + self.heartbeat_s, time.monotonic())
-            self.beat_once()
+            due, next_at = next_at, max(next_at + self.heartbeat_s, time.monotonic())
+            self.beat_once(due)
 
-    def beat_once(self) -> None:
+    def beat_once(self, due: float | None = None) -> None:
+        """One beat; ``due``: when it was meant to go (a late one recovers no one)."""
         registered = not any(method == "register" for method, _ in self._pending)
         try:
             # The beat goes first, not behind deferred records or a call the worker's main
@@ -301,7 +301,7 @@ class WorkerSession:
             self._send("register", name=self.name, study=self.study_name,
                        host=socket.gethostname(), pid=os.getpid())
         if self._recover_with is not None and self._guard.may_recover(
-                time.monotonic(), self.heartbeat_s, stall_grace(self.heartbeat_s)):
+                time.monotonic(), due, stall_grace(self.heartbeat_s)):
             patience = getattr(self._recover_with, "patience", None)
             try:
                 with patience(0) if patience else contextlib.nullcontext():

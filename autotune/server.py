@@ -156,7 +156,6 @@ class ControlLoop:
         self.started = utcnow() + RECONNECT_GRACE
         self._beats: dict[str, float] = {}
         self._guards: dict[str, Any] = {}     # study: StallGuard
-        self._period = 1.0                    # the wait before this pass
         self._outage = False
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="autotune-control")
@@ -171,8 +170,9 @@ class ControlLoop:
                 return DEFAULT_HEARTBEAT_S
         return self._beats[study]
 
-    def once(self) -> float:
-        """One pass over the live studies; the seconds until the next one."""
+    def once(self, due: float | None = None) -> float:
+        """One pass over the live studies (``due``: the monotonic time it was meant to start);
+        the seconds until the next one."""
         from .control import StallGuard, recover, stall_grace
         from .db import utcnow
 
@@ -186,16 +186,18 @@ class ControlLoop:
             beat = self.heartbeat_s(study)
             period = min(period, beat / 4)
             guard = self._guards.setdefault(study, StallGuard())
-            if guard.may_recover(now, self._period, stall_grace(beat)):
+            if guard.may_recover(now, due, stall_grace(beat)):
                 recover(self.registry, self.storage, study, beat, self.started, self.echo)
-        self._period = max(period, 0.1)
-        return self._period
+        return max(period, 0.1)
 
     def _run(self) -> None:
         wait = 1.0
-        while not self._stop.wait(wait):
+        while True:
+            due = time.monotonic() + wait
+            if self._stop.wait(wait):
+                return
             try:
-                wait = self.once()
+                wait = self.once(due)
             except Exception as e:  # noqa: BLE001 - the database is away; try again soon
                 self._outage = True
                 self.echo(f"autotune server: control loop: {type(e).__name__}: "

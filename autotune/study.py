@@ -294,7 +294,7 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
     echo(f"study {cfg.study_name!r} waits for workers: autotune worker --storage "
          f"{cfg.storage} --study {cfg.study_name}")
     shown: set[int] = {t.number for t in _finished(study)}
-    pause, guard = min(2.0, cfg.heartbeat_s / 4), StallGuard()
+    pause, guard, due = min(2.0, cfg.heartbeat_s / 4), StallGuard(), None
     while stop_at is None or time.monotonic() < stop_at:
         finished = _finished(study)
         for t in sorted(finished, key=lambda t: t.number):
@@ -303,7 +303,7 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
                 echo(format_result(result_of(t), cfg.target.metric))
         if cfg.budget.n_trials is not None and len(finished) >= cfg.budget.n_trials:
             return
-        if direct and guard.may_recover(time.monotonic(), pause, stall_grace(cfg.heartbeat_s)):
+        if direct and guard.may_recover(time.monotonic(), due, stall_grace(cfg.heartbeat_s)):
             try:
                 with storage.patience(0):
                     recover(registry, storage, cfg.study_name, cfg.heartbeat_s, since, echo)
@@ -313,6 +313,7 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
             else:
                 if since == datetime.max:
                     since = utcnow() + RECONNECT_GRACE
+        due = time.monotonic() + pause
         time.sleep(pause)
 
 
