@@ -3,6 +3,7 @@
     python benchmarks/search_efficiency.py record [--n 36] [--max-seconds 40]
     python benchmarks/search_efficiency.py compare [--seeds 20]
     python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300]
+    python benchmarks/search_efficiency.py breakdown [--seeds 20] [--proposals random]
 
 ``record`` trains a random sample of quickstart configurations for real (the deepspeed
 launcher, 2 CPU ranks, digits), each over its whole planned length with no pruning, and
@@ -156,6 +157,8 @@ class Replay:
         self.compute = 0.0
         self.found_at: float | None = None
         self.best_in_budget = math.inf
+        self.spent: list[tuple[str, float, float]] = []  # each trial: how it ended, launch
+        #                                                  overhead, training seconds
 
     def _ask(self) -> tuple[optuna.Trial, dict[str, Any]]:
         while True:
@@ -168,8 +171,10 @@ class Replay:
     def step(self) -> None:
         trial, params = self._ask()
         row = nearest(self.table, params)
+        best_before = self.best_tta()
         cost, tta = self._train(trial, row)
         self.compute += row["overhead_s"] + cost
+        self.spent.append((self._ending(trial, row, best_before), row["overhead_s"], cost))
         if tta is not None:
             if self.compute <= self.budget:
                 self.best_in_budget = min(self.best_in_budget, tta)
@@ -215,6 +220,29 @@ class Replay:
             self.study.tell(trial, self.penalty)
         return end, None
 
+    def best_tta(self) -> float:
+        """The best TTA the study has found so far (inf before any trial reached)."""
+        values = [t.value for t in self.study.get_trials(deepcopy=False)
+                  if t.state.name == "COMPLETE" and t.user_attrs.get("outcome", "reached")
+                  == "reached" and t.value is not None and t.value < self.penalty]
+        return min(values, default=math.inf)
+
+    def _ending(self, trial: optuna.Trial, row: dict[str, Any], best_before: float) -> str:
+        """How the trial ended: its stop reason; for ``reached``, whether it bettered the best
+        or tied it (a configuration already run); for ``bound``, whether its recorded
+        configuration reaches the target at all, and within 1.5 x the deadline."""
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        reason = str(frozen.user_attrs.get("stop_reason") or frozen.state.name.lower())
+        if reason == "reached":
+            return "reached (new best)" if frozen.value < best_before else "reached (ties best)"
+        if reason != "bound":
+            return reason
+        deadline = best_before
+        if row["reached_at"] is None:
+            return "bound (never reaches)"
+        return "bound (reaches < 1.5 x deadline)" if row["reached_at"] < 1.5 * deadline \
+            else "bound (reaches later)"
+
     def _tell_autotune(self, trial: optuna.Trial, outcome: str, reason: str, t: float,
                        best: float) -> None:
         tell_result(self.study, trial, TrialResult(trial.number, {}, outcome, reason, value=t,
@@ -252,6 +280,40 @@ def compare(seeds: int) -> None:
           f"tpe_median_ratio={medians['tpe_median'] / base:.2f} "
           f"tpe_sha_ratio={medians['tpe_sha'] / base:.2f} "
           f"tpe_nopruning_ratio={medians['tpe_nopruning'] / base:.2f}")
+
+
+def breakdown(seeds: int, proposals: str) -> None:
+    """Where autotune's compute goes until it finds the goal: seconds by how trials ended,
+    launch overhead apart, with autotune's sampler or with random proposals."""
+    table = load_table()
+    ends: dict[str, list[float]] = {}
+    overhead = total = 0.0
+    perfect = []   # each study's compute had every trial but the goal's cost only its launch
+    for seed in range(seeds):
+        replay = Replay("autotune", seed, table)
+        if proposals == "random":
+            replay.study.sampler = optuna.samplers.RandomSampler(seed=seed)
+        while replay.found_at is None and len(replay.spent) < MAX_TRIALS:
+            replay.step()
+        for end, launch, seconds in replay.spent:
+            ends.setdefault(end, []).append(launch + seconds)
+            overhead += launch
+        total += replay.compute
+        perfect.append(sum(launch for _, launch, _ in replay.spent) + replay.spent[-1][2])
+    random_search = [r.found_at if r.found_at is not None else r.compute
+                     for r in (Replay("random", seed, table).run() for seed in range(seeds))]
+    print(f"autotune ({proposals} proposals), {seeds} studies until each found the goal: "
+          f"{sum(len(v) for v in ends.values())} trials, {total:.0f} s")
+    for end, costs in sorted(ends.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {end:34s} {len(costs):5d} trials  {sum(costs):7.0f} s "
+              f"({100 * sum(costs) / total:4.1f}%)  {statistics.mean(costs):5.1f} s each")
+    print("the same proposals with a perfect pruner (every trial but the goal's stopped "
+          f"at its launch): median {statistics.median(perfect):.0f} s; random search "
+          f"without pruning: median {statistics.median(random_search):.0f} s")
+    print(f"launch_overhead_share={overhead / total:.2f} trials_per_study="
+          f"{sum(len(v) for v in ends.values()) / seeds:.1f} seconds_per_trial="
+          f"{total / sum(len(v) for v in ends.values()):.1f} perfect_pruner_random_ratio="
+          f"{statistics.median(random_search) / statistics.median(perfect):.2f}")
 
 
 LIVE_STUDY = """study_name: live
@@ -337,6 +399,9 @@ def main() -> None:
     rec.add_argument("--seed", type=int, default=7)
     cmp = sub.add_parser("compare", help="replay studies of each method on the recorded curves")
     cmp.add_argument("--seeds", type=int, default=20, help="studies per method")
+    bd = sub.add_parser("breakdown", help="where autotune's compute goes, by how trials end")
+    bd.add_argument("--seeds", type=int, default=20)
+    bd.add_argument("--proposals", choices=("autotune", "random"), default="autotune")
     lv = sub.add_parser("live", help="the reality check: real studies, autotune against TPE + "
                                      "MedianPruner, on the same budget")
     lv.add_argument("--seeds", type=int, default=3)
@@ -344,6 +409,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "record":
         record(args.n, args.max_seconds, args.seed)
+    elif args.command == "breakdown":
+        breakdown(args.seeds, args.proposals)
     elif args.command == "live":
         live(args.seeds, args.budget)
     else:
