@@ -36,7 +36,7 @@ from optuna.trial import TrialState
 from .db import Registry, utcnow
 
 __all__ = ["ControlClient", "StallGuard", "WorkerSession", "add_control_service", "recover",
-           "registry_for", "stall_grace", "STALE_BEATS", "worker_name"]
+           "registry_for", "stall_grace", "LATE_S", "STALE_BEATS", "worker_name"]
 
 log = logging.getLogger("autotune")
 STALE_BEATS = 1.5          # silent this many heartbeats: given up

@@ -173,11 +173,14 @@ class ControlLoop:
     def once(self, due: float | None = None) -> float:
         """One pass over the live studies (``due``: the monotonic time it was meant to start);
         the seconds until the next one."""
-        from .control import StallGuard, recover, stall_grace
+        from .control import LATE_S, StallGuard, recover, stall_grace
         from .db import utcnow
 
         period, now = 1.0, time.monotonic()
         studies = self.registry.live_studies()
+        if due is not None and now - due > LATE_S and studies:
+            self.echo(f"autotune server: the control loop ran {now - due:.1f} s late (this "
+                      "machine stalled); no worker is given up until their heartbeats land")
         if self._outage:  # the database is back: heartbeats sent meanwhile were lost, so
             self._outage = False          # every worker gets time to beat again
             self.started = utcnow() + RECONNECT_GRACE

@@ -196,3 +196,27 @@ def test_a_recoverer_that_was_stalled_itself_holds_its_judgement_for_a_grace():
     assert not guard.may_recover(108.0, 108.0, 2.0)
     assert guard.may_recover(109.0, 109.0, 2.0)
     assert stall_grace(4.0) == 2.0 and stall_grace(10.0) == 5.0
+
+
+def test_the_server_control_loop_says_when_it_ran_late_and_gives_no_one_up_then(tmp_path):
+    from autotune.server import ControlLoop
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study, trial = make_study(url)
+    registry = Registry(url)
+    registry.register(name="w1", study="s", host="h", pid=1)
+    registry.attempt(study="s", trial_number=trial.number, attempt=1, worker="w1")
+    silence(registry, "w1", 20)                         # silent for 2 beats of 10 s
+    said: list[str] = []
+    loop = ControlLoop(registry, study._storage, said.append)
+    loop.started = datetime.min                         # past the start-up grace
+    loop.once(due=time.monotonic() - 3.0)               # woke 3 s late
+    assert any("ran 3.0 s late" in line for line in said), said
+    assert study.trials[trial.number].state.name == "RUNNING"
+    loop.once(due=time.monotonic())                     # on time, but within the grace
+    assert study.trials[trial.number].state.name == "RUNNING"
+    loop._guards["s"]._hold_until = time.monotonic()    # the grace is over
+    loop.once(due=time.monotonic())
+    assert study.trials[trial.number].state.name == "FAIL"
+    assert any("worker w1 is lost" in line for line in said), said
+    registry.close()
