@@ -237,10 +237,9 @@ class Replay:
             return "reached (new best)" if frozen.value < best_before else "reached (ties best)"
         if reason != "bound":
             return reason
-        deadline = best_before
         if row["reached_at"] is None:
             return "bound (never reaches)"
-        return "bound (reaches < 1.5 x deadline)" if row["reached_at"] < 1.5 * deadline \
+        return "bound (reaches < 1.5 x deadline)" if row["reached_at"] < 1.5 * best_before \
             else "bound (reaches later)"
 
     def _tell_autotune(self, trial: optuna.Trial, outcome: str, reason: str, t: float,
@@ -407,6 +406,10 @@ def main() -> None:
     lv.add_argument("--seeds", type=int, default=3)
     lv.add_argument("--budget", type=float, default=BUDGET_S, help="seconds per study")
     args = parser.parse_args()
+    for name in ("seeds", "n", "budget", "max_seconds"):
+        if getattr(args, name, 1) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got "
+                         f"{getattr(args, name)}")
     if args.command == "record":
         record(args.n, args.max_seconds, args.seed)
     elif args.command == "breakdown":
