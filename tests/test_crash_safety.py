@@ -134,7 +134,10 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_on_the_other_worker(
     curve = resumed.user_attrs.get("curve")
     first = curve[0][0] if curve else resumed.value
     assert saved_at < first < saved_at + 10
-    assert resumed.user_attrs["outcome"] in ("reached", "censored")
+    # It ends on its own merits: reached, censored, or, for a configuration still at chance
+    # (the kill can hit one on its way to diverging), failed as diverged; never a crash.
+    ending = (resumed.user_attrs["outcome"], resumed.user_attrs["stop_reason"])
+    assert ending[0] in ("reached", "censored") or ending == ("failed", "diverged"), ending
     counted = [t for t in trials if t.user_attrs.get("outcome") != "infeasible"
                and t.user_attrs.get("stop_reason") not in ("worker_lost", "interrupted")]
     assert len(counted) == 4
