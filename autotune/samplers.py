@@ -1,15 +1,25 @@
-"""autotune's sampler: TPE that keeps exploring.
+"""autotune's sampler: a space-filling start, then TPE that keeps exploring.
 
-With time-to-accuracy pruning, a losing trial costs little (it stops at the best TTA so far),
-so spending some trials on exploration is cheap, while TPE alone tends to settle on the first
-good region it finds: on the recorded quickstart curves, TPE alone found the best region in
-4 of 8 replayed studies, TPE with every other trial drawn at random in 8 of 8
-(benchmarks/search_efficiency.py). Which sampler draws a trial depends only on its number, so
-every worker agrees.
+With time-to-accuracy pruning a losing trial costs little (it stops at the best TTA so far,
+often at its first evaluations), so covering the space is cheap, while TPE settles on the
+first good region it finds and proposes its neighbours again and again. So the first
+``n_startup_trials`` trials, and after them every ``explore_every``-th, are points of one
+scrambled Sobol sequence (even coverage, no two alike), and the rest are TPE's (with Optuna 5's
+constraints, so censored and failed trials count). On the recorded quickstart curves
+(``benchmarks/search_efficiency.py``, 40 replayed studies on each of two recorded tables) this
+halved the compute to the goal against TPE alternating with random draws from the first
+trial, and a start of 16 instead of 32 Sobol points did worse on one table (BENCHMARKS.md).
+
+Which sampler draws a trial depends only on its number, and every worker of a study walks the
+same Sobol sequence (seeded from the study's seed, or its name) through a counter in the study
+store, so workers agree and do not repeat each other's points.
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,42 +31,71 @@ __all__ = ["ExploringTPESampler"]
 
 
 class ExploringTPESampler(optuna.samplers.BaseSampler):
-    """TPE (with Optuna 5's constraints), except every ``explore_every``-th trial, which is
-    drawn uniformly at random."""
+    """Sobol points for the first ``n_startup_trials`` trials and every ``explore_every``-th
+    trial after them (0: never); TPE for the others."""
 
-    def __init__(self, seed: int | None = None, n_startup_trials: int = 8,
+    def __init__(self, seed: int | None = None, n_startup_trials: int = 32,
                  explore_every: int = 2) -> None:
         if explore_every < 0:
             raise ValueError(f"explore_every must be >= 0, got {explore_every}")
-        self._tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
-        self._random = optuna.samplers.RandomSampler(
-            seed=None if seed is None else seed + 7919)
+        if n_startup_trials < 0:
+            raise ValueError(f"n_startup_trials must be >= 0, got {n_startup_trials}")
+        self._seed = seed
+        self._tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
+        self._sobol: dict[str, optuna.samplers.QMCSampler] = {}
+        self.n_startup_trials = n_startup_trials
         self.explore_every = explore_every
 
-    def _for(self, trial: FrozenTrial) -> optuna.samplers.BaseSampler:
-        k = self.explore_every
-        return self._random if k and trial.number % k == k - 1 else self._tpe
+    def _qmc(self, study: optuna.Study) -> optuna.samplers.QMCSampler:
+        """The study's Sobol sampler: one seed for every worker of the study."""
+        name = study.study_name
+        if name not in self._sobol:
+            seed = self._seed if self._seed is not None else zlib.crc32(name.encode())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self._sobol[name] = optuna.samplers.QMCSampler(
+                    qmc_type="sobol", scramble=True, seed=seed + 7919,
+                    independent_sampler=optuna.samplers.RandomSampler(
+                        seed=None if self._seed is None else self._seed + 7919),
+                    warn_independent_sampling=False)
+        return self._sobol[name]
+
+    def _for(self, study: optuna.Study, trial: FrozenTrial) -> optuna.samplers.BaseSampler:
+        k, n = self.explore_every, trial.number
+        if n < self.n_startup_trials or (k and n % k == k - 1):
+            return self._qmc(study)
+        return self._tpe
 
     def infer_relative_search_space(self, study: optuna.Study,
                                     trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return self._for(trial).infer_relative_search_space(study, trial)
+        sampler = self._for(study, trial)
+        if sampler is self._tpe:
+            return sampler.infer_relative_search_space(study, trial)
+        qmc_log = logging.getLogger("optuna.samplers._qmc")
+        level = qmc_log.level
+        qmc_log.setLevel(logging.ERROR)  # its note on conditional parameters: they are drawn
+        try:                             # at random, which is what autotune wants for them
+            return sampler.infer_relative_search_space(study, trial)
+        finally:
+            qmc_log.setLevel(level)
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        return self._for(trial).sample_relative(study, trial, search_space)
+        return self._for(study, trial).sample_relative(study, trial, search_space)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        return self._for(trial).sample_independent(study, trial, param_name,
-                                                   param_distribution)
+        return self._for(study, trial).sample_independent(study, trial, param_name,
+                                                          param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self._for(trial).before_trial(study, trial)
+        self._for(study, trial).before_trial(study, trial)
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
-        self._for(trial).after_trial(study, trial, state, values)
+        self._for(study, trial).after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
         self._tpe.reseed_rng()
-        self._random.reseed_rng()
+        for sampler in self._sobol.values():
+            sampler.reseed_rng()

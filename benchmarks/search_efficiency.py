@@ -71,11 +71,14 @@ def _sample_configs(space: SearchSpace, n: int, seed: int) -> list[dict[str, Any
 
 
 def _run_full(params: dict[str, Any], max_seconds: float, folder: Path) -> dict[str, Any]:
+    from autotune.config import load as load_config
     from autotune.launch import run_plan
     from autotune.plan import Hardware, resolve
 
-    plan = resolve(params, trainer={"model": "resnet18", "data": {"kind": "digits"}},
-                   train_size=1437, hardware=Hardware(world_size=WORLD),
+    trainer = load_config("quickstart").trainer  # the trainer as the quickstart runs it,
+    #                                              evaluations every eval_every_s included
+    plan = resolve(params, trainer=trainer.__dict__, train_size=1437,
+                   hardware=Hardware(world_size=WORLD, max_micro_batch=trainer.max_micro_batch),
                    target={"metric": "top1", "value": 1.01}, max_seconds=max_seconds)
     start = time.perf_counter()
     messages, _ = run_plan(plan, folder, timeout_s=max_seconds * 3 + 240)

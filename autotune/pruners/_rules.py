@@ -32,7 +32,7 @@ class Rules:
     eta: float = 3.0              # rung spacing and reduction factor
     min_rung_s: float = 2.0       # first rung, in elapsed seconds
     min_peers: int = 3            # trials needed at a rung before it decides anything
-    diverge_after: float = 0.3    # share of the schedule after which chance accuracy diverged
+    diverge_after: float = 0.5    # share of the schedule after which chance accuracy diverged
     optimism: float = 2.0         # projection assumes progress this much faster than observed
     end_gain: float = 1.0         # accuracy the rest of a schedule can add: end_gain x sqrt(left)
     first_pace: float = 0.5       # the next evaluation: at least this share of the first interval
