@@ -6,16 +6,19 @@
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--proposals random]
 
 ``record`` trains a random sample of quickstart configurations for real (the deepspeed
-launcher, 2 CPU ranks, digits), each over its whole planned length with no pruning, and
-stores every learning curve (accuracy against elapsed seconds, per epoch) in
-``benchmarks/data/quickstart_curves.jsonl``.
+launcher, 2 CPU ranks, digits, the quickstart study's trainer settings: evaluations every
+2 s), each over its whole planned length with no pruning, and stores every learning curve
+(accuracy against elapsed seconds at each evaluation) in
+``benchmarks/data/quickstart_curves.jsonl``. The committed table was recorded with one
+evaluation an epoch, before ``record`` took the study's settings.
 
 ``compare`` replays studies on a simulated clock against those curves: a proposed
 configuration trains as its nearest recorded one, and its training returns the recorded
 evaluations up to the moment a pruner stops it; each trial also pays its recorded launch and
 setup overhead. Methods: autotune (its exploring TPE with constraints +
 TimeToAccuracyPruner), TPE +
-MedianPruner and TPE + SuccessiveHalvingPruner (both on epoch steps), TPE without pruning,
+MedianPruner and TPE + SuccessiveHalvingPruner (both on epoch steps: they report and may prune
+at the first evaluation after each epoch ends), TPE without pruning,
 random search without pruning. The baselines tell a trial that missed the target the
 documented penalty value (twice the longest recorded trial), and pruned trials as PRUNED.
 
@@ -187,8 +190,8 @@ class Replay:
     def _train(self, trial: optuna.Trial, row: dict[str, Any]) -> tuple[float, float | None]:
         """Replays ``row`` on the simulated clock; returns (training seconds, TTA or None)."""
         curve, rows = row["curve"], []
-        best = 0.0
-        for index, point in enumerate(curve):
+        best, reported = 0.0, 0
+        for point in curve:
             t, top1 = point[0], point[1]
             if self.method == "autotune":
                 deadline = self.pruner.deadline(self.study)
@@ -197,7 +200,11 @@ class Replay:
                     return deadline, None
             rows.append(point)
             best = max(best, top1)
-            trial.report(1.0 - top1, step=index)  # error: lower is better, as the study minimizes
+            epochs_done = int(point[3] * row["epochs"] + 1e-3)  # progress is rounded
+            at_epoch_end = epochs_done > reported  # the baselines report once an epoch
+            if at_epoch_end:
+                reported = epochs_done
+                trial.report(1.0 - top1, step=epochs_done - 1)  # error: the study minimizes
             if top1 >= TARGET:
                 if self.method == "autotune":
                     self._tell_autotune(trial, "reached", "reached", t, best)
@@ -213,7 +220,7 @@ class Replay:
                     outcome = "failed" if reason == "diverged" else "censored"
                     self._tell_autotune(trial, outcome, reason, t, best)
                     return t, None
-            elif trial.should_prune():
+            elif at_epoch_end and trial.should_prune():
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 return t, None
         end = row["elapsed_s"]
