@@ -99,10 +99,16 @@ def multinode_commands(script: Path, plan_path: Path, report_to: str, *, hostfil
     return [[*base, "--no_ssh", "--node_rank", str(rank), *tail] for rank in range(len(hosts))]
 
 
-def trainer_env(device: str, threads_per_rank: int) -> dict[str, str]:
+def trainer_env(device: str, threads_per_rank: int, *, shadow_mlflow: bool = True
+                ) -> dict[str, str]:
+    """The environment of the launcher and ranks. ``shadow_mlflow``: MLflow cannot be imported
+    there (trainers/_no_mlflow), which saves DeepSpeed's needless import of it, about 2 s of
+    CPU in each process at every trial's start (benchmarks/trial_startup.py)."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root / "trainers" / "_no_mlflow")] if shadow_mlflow else []
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, str(root),
+                                                    env.get("PYTHONPATH", "")) if p)
     env["OMP_NUM_THREADS"] = str(threads_per_rank)
     env["PYTHONUNBUFFERED"] = "1"
     if device == "cpu":
@@ -321,7 +327,7 @@ def run_plan(plan: dict[str, Any], folder: Path, *, answer: Answer = keep_going,
              on_message: Callable[[dict[str, Any], ReportChannel, TrainerProcess], None]
              | None = None, device: str = "cpu", threads_per_rank: int = 1,
              timeout_s: float = 600, program: str = "image_classifier",
-             ) -> tuple[list[dict[str, Any]], TrainerProcess]:
+             shadow_mlflow: bool = True) -> tuple[list[dict[str, Any]], TrainerProcess]:
     """Runs ``plan`` on its ranks under the launcher, answering each report with ``answer``;
     returns every message and the (finished) process. For benchmarks and tests; the worker's
     own loop lives in ``autotune.objective``."""
@@ -331,7 +337,8 @@ def run_plan(plan: dict[str, Any], folder: Path, *, answer: Answer = keep_going,
     channel = ReportChannel()
     command = deepspeed_command(trainer_path(program), plan_path, channel.address,
                                 ranks=int(plan["world_size"]), master_port=free_port())
-    process = TrainerProcess(command, trainer_env(device, threads_per_rank),
+    process = TrainerProcess(command, trainer_env(device, threads_per_rank,
+                                                  shadow_mlflow=shadow_mlflow),
                              folder / "trainer.log")
     messages = []
     try:

@@ -79,3 +79,23 @@ def test_a_compiled_model_trains_and_follows_the_plan(tmp_path):
     assert all(m["lr"] == pytest.approx(lr_at(m["step"], plan["peak_lr"], plan["schedule"]))
                for m in evals)
     assert messages[-1]["reason"] == "planned_epochs" and evals[-1]["top1"] > 0.5
+
+
+def test_trainer_processes_start_without_mlflow():
+    """The launcher's and ranks' environment hides MLflow (DeepSpeed would import it, 2 s a
+    process): importing it fails with a message that says why, and DeepSpeed still loads."""
+    import subprocess
+    import sys
+
+    from autotune.launch import trainer_env
+
+    code = ("import deepspeed.autotuning.autotuner as a, sys; print(a.has_mlflow); "
+            "import mlflow")
+    done = subprocess.run([sys.executable, "-c", code], env=trainer_env("cpu", 1),
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert "MLflow is not importable in autotune's trainer processes" in done.stderr
+    shown = subprocess.run([sys.executable, "-c", "import mlflow; print(mlflow.__name__)"],
+                           env=trainer_env("cpu", 1, shadow_mlflow=False),
+                           capture_output=True, text=True, timeout=120)
+    assert shown.stdout.strip() == "mlflow"
