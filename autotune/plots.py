@@ -7,6 +7,7 @@ pages as well where plotly is installed.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -118,11 +119,13 @@ def _overlay(trials: Sequence[FrozenTrial], metric: str, target: float, path: Pa
 def _importance(study: optuna.Study, path: Path) -> Path | None:
     """Parameter importance for the trials' values (TTA or censored elapsed)."""
     try:
-        importances = optuna.importance.get_param_importances(study)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            importances = optuna.importance.get_param_importances(study)
     except (ValueError, RuntimeError):
         return None  # too few trials, or no variation yet
-    if not importances:
-        return None
+    if not importances or any("too small" in str(w.message) for w in caught):
+        return None  # Optuna warns and calls every parameter equal: nothing to draw
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     names = list(importances)[::-1]
     ax.barh(names, [importances[n] for n in names], color="tab:blue")
