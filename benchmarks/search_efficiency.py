@@ -15,9 +15,8 @@ evaluation an epoch, before ``record`` took the study's settings.
 ``compare`` replays studies on a simulated clock against those curves: a proposed
 configuration trains as its nearest recorded one, and its training returns the recorded
 evaluations up to the moment a pruner stops it; each trial also pays its recorded launch and
-setup overhead. Methods: autotune (its exploring TPE with constraints +
-TimeToAccuracyPruner), TPE +
-MedianPruner and TPE + SuccessiveHalvingPruner (both on epoch steps: they report and may prune
+setup overhead. Methods: autotune (its sampler: a Sobol start, then TPE with constraints
+alternating with Sobol; and the TimeToAccuracyPruner), TPE + MedianPruner and TPE + SuccessiveHalvingPruner (both on epoch steps: they report and may prune
 at the first evaluation after each epoch ends), TPE without pruning,
 random search without pruning. The baselines tell a trial that missed the target the
 documented penalty value (twice the longest recorded trial), and pruned trials as PRUNED.
