@@ -18,8 +18,9 @@ evaluations up to the moment a pruner stops it; each trial also pays its recorde
 setup overhead. Methods: autotune (its sampler: a Sobol start, then TPE with constraints
 alternating with Sobol; and the TimeToAccuracyPruner), TPE + MedianPruner and TPE +
 SuccessiveHalvingPruner (both on epoch steps: they report and may prune at the first
-evaluation after each epoch ends), TPE without pruning, random search without pruning. The baselines tell a trial that missed the target the
-documented penalty value (twice the longest recorded trial), and pruned trials as PRUNED.
+evaluation after each epoch ends), TPE without pruning, random search without pruning. The
+baselines tell a trial that missed the target the documented penalty value (twice the longest
+recorded trial), and pruned trials as PRUNED.
 
 Metric: compute seconds spent until a trial has reached the target within 10% of the best TTA
 in the table (median over seeds), and the best TTA found within a fixed compute budget.
