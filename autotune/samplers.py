@@ -12,7 +12,9 @@ trial, and a start of 16 instead of 32 Sobol points did worse on one table (BENC
 
 Which sampler draws a trial depends only on its number, and every worker of a study walks the
 same Sobol sequence (seeded from the study's seed, or its name) through a counter in the study
-store, so workers agree and do not repeat each other's points.
+store, so workers agree and do not repeat each other's points (Optuna's counter is not
+atomic: two asks at the same instant may get the same point, which costs a trial, not a
+result).
 """
 
 from __future__ import annotations
