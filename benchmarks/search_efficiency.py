@@ -1,6 +1,6 @@
 """Search efficiency: how much compute each tuner spends to find a fast configuration.
 
-    python benchmarks/search_efficiency.py record [--n 36] [--max-seconds 40]
+    python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 40] [--resume]
     python benchmarks/search_efficiency.py compare [--seeds 20]
     python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300]
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--proposals random]
@@ -10,7 +10,10 @@ launcher, 2 CPU ranks, digits, the quickstart study's trainer settings: evaluati
 2 s), each over its whole planned length with no pruning, and stores every learning curve
 (accuracy against elapsed seconds at each evaluation) in
 ``benchmarks/data/quickstart_curves.jsonl``. The committed table was recorded with one
-evaluation an epoch, before ``record`` took the study's settings.
+evaluation an epoch, before ``record`` took the study's settings. Each new row also carries
+the machine's plain ResNet-18 speed (``machine_img_s``, which ``compare`` prints): this kind of
+machine has run three times faster on some days than on others, and a table is comparable
+only with itself. ``--resume`` keeps what an interrupted recording of the same sample wrote.
 
 ``compare`` replays studies on a simulated clock against those curves: a proposed
 configuration trains as its nearest recorded one, and its training returns the recorded
@@ -96,14 +99,59 @@ def _run_full(params: dict[str, Any], max_seconds: float, folder: Path) -> dict[
         "epochs": plan["epochs"]}
 
 
-def record(n: int, max_seconds: float, seed: int) -> None:
+def machine_speed() -> float:
+    """Plain PyTorch ResNet-18 training on this machine, images/s (32x32, batch 128, fp32, 2
+    threads, SGD): the figure DESIGN.md records, so a table says how fast its machine was."""
+    import torch
+    import torchvision
+
+    torch.set_num_threads(2)
+    model = torchvision.models.resnet18(num_classes=10).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(128, 3, 32, 32).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (128,))
+    windows = []
+    for window in range(4):
+        start = time.perf_counter()
+        for _ in range(5):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        if window:  # the first window warms up
+            windows.append(5 * 128 / (time.perf_counter() - start))
+    return statistics.median(windows)
+
+
+def rows_to_keep(partial: Path, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of an interrupted recording that ``--resume`` keeps: they must be the first
+    configurations of the same sample, in order."""
+    rows = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
+    if len(rows) > len(configs) or any(r["params"] != c for r, c in zip(rows, configs,
+                                                                      strict=False)):
+        raise SystemExit(f"{partial} holds configurations other than this sample's first "
+                         f"{len(rows)} (another --n or --seed?); run record again without "
+                         "--resume to start afresh")
+    return rows
+
+
+def record(n: int, max_seconds: float, seed: int, resume: bool = False) -> None:
     space = load_space("quickstart", world_size=WORLD)
     configs = _sample_configs(space, n, seed)
     DATA.parent.mkdir(parents=True, exist_ok=True)
     tmp = DATA.with_suffix(".partial")
+    rows = rows_to_keep(tmp, configs) if resume and tmp.is_file() else []
+    speed = machine_speed()
+    print(f"this machine: plain ResNet-18 {speed:.0f} img/s; {len(rows)} of {n} "
+          "configurations already recorded", flush=True)
+    # The first launch on a machine builds DeepSpeed's shared-memory op (a minute): not a
+    # trial's start-up, so it happens here, unrecorded.
+    _run_full(configs[0], 2.0, Path("/tmp/autotune-record") / "warm-up")
     with tmp.open("w") as out:
-        for i, params in enumerate(configs):
-            row = _run_full(params, max_seconds, Path("/tmp/autotune-record") / f"c{i}")
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+        for i, params in enumerate(configs[len(rows):], start=len(rows)):
+            row = {**_run_full(params, max_seconds, Path("/tmp/autotune-record") / f"c{i}"),
+                   "machine_img_s": round(speed, 1)}
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(f"[{i + 1}/{n}] {params} -> reached_at={row['reached_at']} "
@@ -272,8 +320,11 @@ def compare(seeds: int) -> None:
     table = load_table()
     best = min(r["reached_at"] for r in table if r["reached_at"] is not None)
     reached = sum(r["reached_at"] is not None for r in table)
+    speeds = {r["machine_img_s"] for r in table if "machine_img_s" in r}
+    machine = (f"; recorded at {', '.join(f'{v:.0f}' for v in sorted(speeds))} img/s "
+               "(plain ResNet-18)" if speeds else "")
     print(f"table: {len(table)} recorded configurations, {reached} reach top1 >= {TARGET}; "
-          f"best TTA {best:.2f} s; goal: TTA <= {1.1 * best:.2f} s")
+          f"best TTA {best:.2f} s; goal: TTA <= {1.1 * best:.2f} s{machine}")
     medians: dict[str, float] = {}
     for method in METHODS:
         runs = [Replay(method, seed, table).run() for seed in range(seeds)]
@@ -403,9 +454,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="train sampled configurations for real, record curves")
-    rec.add_argument("--n", type=int, default=36, help="configurations to record")
+    rec.add_argument("--n", type=int, default=60, help="configurations to record")
     rec.add_argument("--max-seconds", type=float, default=40.0, help="training seconds cap")
     rec.add_argument("--seed", type=int, default=7)
+    rec.add_argument("--resume", action="store_true",
+                     help="keep what an interrupted recording of the same sample wrote")
     cmp = sub.add_parser("compare", help="replay studies of each method on the recorded curves")
     cmp.add_argument("--seeds", type=int, default=20, help="studies per method")
     bd = sub.add_parser("breakdown", help="where autotune's compute goes, by how trials end")
@@ -421,7 +474,7 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} must be positive, got "
                          f"{getattr(args, name)}")
     if args.command == "record":
-        record(args.n, args.max_seconds, args.seed)
+        record(args.n, args.max_seconds, args.seed, args.resume)
     elif args.command == "breakdown":
         breakdown(args.seeds, args.proposals)
     elif args.command == "live":

@@ -1,0 +1,47 @@
+"""The search-efficiency benchmark's own logic: resuming a recording, epoch-step baselines."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "search_efficiency.py"
+_spec = importlib.util.spec_from_file_location("search_efficiency", _PATH)
+se = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(se)
+
+CONFIGS = [{"global_batch": 64 * (i + 1), "lr_per_256": 0.1, "warmup_epochs": 0.0,
+            "decay": "cosine", "label_smoothing": 0.0, "epochs": 4} for i in range(3)]
+
+
+def test_resume_keeps_the_rows_of_the_same_sample(tmp_path):
+    partial = tmp_path / "curves.partial"
+    partial.write_text("".join(json.dumps({"params": c, "curve": []}) + "\n"
+                               for c in CONFIGS[:2]))
+    assert [r["params"] for r in se.rows_to_keep(partial, CONFIGS)] == CONFIGS[:2]
+
+
+def test_resume_refuses_another_sample(tmp_path):
+    partial = tmp_path / "curves.partial"
+    partial.write_text(json.dumps({"params": CONFIGS[1], "curve": []}) + "\n")
+    with pytest.raises(SystemExit, match="without --resume"):
+        se.rows_to_keep(partial, CONFIGS)
+
+
+def test_baselines_report_once_an_epoch_whatever_the_evaluation_pace():
+    # Two evaluations an epoch, never reaching the target: TPE + MedianPruner must see one
+    # report an epoch (steps 0-3), at the evaluation that ends it.
+    curve = [[2.0 * k, 0.2 + 0.05 * k, 0.5, k / 8, 1.0] for k in range(1, 9)]
+    table = [{"params": {**c, "decay": "cosine"}, "curve": curve, "reached_at": None,
+              "end_reason": "planned_epochs", "elapsed_s": 16.0, "overhead_s": 1.0,
+              "epochs": 4} for c in CONFIGS]
+    table[0]["reached_at"] = 16.0  # the replay needs one configuration that reaches
+    replay = se.Replay("tpe_median", seed=0, table=table)
+    trial, _ = replay._ask()
+    replay._train(trial, table[1])
+    frozen = replay.study.trials[-1]
+    assert sorted(frozen.intermediate_values) == [0, 1, 2, 3]
+    assert frozen.intermediate_values[1] == pytest.approx(1 - curve[3][1])  # 2nd epoch's end
