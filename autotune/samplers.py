@@ -11,8 +11,8 @@ halved the compute to the goal against TPE alternating with random draws from th
 trial, and a start of 16 instead of 32 Sobol points did worse on one table (BENCHMARKS.md).
 
 Which sampler draws a trial depends only on its number, and every worker of a study walks the
-same Sobol sequence (seeded from the study's seed, or its name) through a counter in the study
-store, so workers agree and do not repeat each other's points (Optuna's counter is not
+same Sobol sequence (seeded from the study's configured seed, or its name) through a counter
+in the study store, so workers agree and do not repeat each other's points (Optuna's counter is not
 atomic: two asks at the same instant may get the same point, which costs a trial, not a
 result).
 """
@@ -37,12 +37,16 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
     trial after them (0: never); TPE for the others."""
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 32,
-                 explore_every: int = 2) -> None:
+                 explore_every: int = 2, sequence_seed: int | None = None) -> None:
+        """``seed``: TPE's and the fallback draws' (a worker without one draws its own).
+        ``sequence_seed``: the Sobol sequence's, the same in every worker of a study (default:
+        ``seed``, or else one derived from the study's name)."""
         if explore_every < 0:
             raise ValueError(f"explore_every must be >= 0, got {explore_every}")
         if n_startup_trials < 0:
             raise ValueError(f"n_startup_trials must be >= 0, got {n_startup_trials}")
         self._seed = seed
+        self._sequence_seed = seed if sequence_seed is None else sequence_seed
         self._tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
         self._sobol: dict[str, optuna.samplers.QMCSampler] = {}
         self.n_startup_trials = n_startup_trials
@@ -52,7 +56,8 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
         """The study's Sobol sampler: one seed for every worker of the study."""
         name = study.study_name
         if name not in self._sobol:
-            seed = self._seed if self._seed is not None else zlib.crc32(name.encode())
+            seed = (self._sequence_seed if self._sequence_seed is not None
+                    else zlib.crc32(name.encode()))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 self._sobol[name] = optuna.samplers.QMCSampler(

@@ -51,15 +51,17 @@ def test_the_start_covers_each_parameter_evenly():
 
 @pytest.mark.parametrize("seed", [None, 5])
 def test_workers_of_a_study_share_one_sequence(tmp_path, seed):
-    """Two workers, each with its own sampler, asking in turn on one stored study, draw
-    the same points one worker alone would, none twice."""
+    """Two workers, each with its own sampler and no seed of their own (as ``autotune
+    worker`` runs), asking in turn on one stored study, draw the same points the study's own
+    process alone would (seeded with the study's seed), none twice."""
     alone = optuna.create_study(study_name="s", sampler=ExploringTPESampler(seed=seed),
                                 storage=f"sqlite:///{tmp_path}/alone.db")
     expected = _run(alone, 12)
     url = f"sqlite:///{tmp_path}/shared.db"
     optuna.create_study(study_name="s", storage=url)
     workers = [optuna.load_study(study_name="s", storage=url,
-                                 sampler=ExploringTPESampler(seed=seed)) for _ in range(2)]
+                                 sampler=ExploringTPESampler(seed=None, sequence_seed=seed))
+               for _ in range(2)]
     drawn = [_run(workers[i % 2], 1)[0] for i in range(12)]
     assert len(set(drawn[1:])) == 11
     assert drawn[1:] == pytest.approx(expected[1:])
