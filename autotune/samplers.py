@@ -7,14 +7,15 @@ first good region it finds and proposes its neighbours again and again. So the f
 scrambled Sobol sequence (even coverage, no two alike), and the rest are TPE's (with Optuna 5's
 constraints, so censored and failed trials count). On the recorded quickstart curves
 (``benchmarks/search_efficiency.py``, 40 replayed studies on each of two recorded tables) this
-halved the compute to the goal against TPE alternating with random draws from the first
-trial, and a start of 16 instead of 32 Sobol points did worse on one table (BENCHMARKS.md).
+halved the median compute to the goal on the table in use (939 s to 475 s) against TPE
+alternating with random draws from the first trial, and cut it by 7% on the older one (434 s to
+402 s); a start of 16 instead of 32 Sobol points did worse on the newer table (BENCHMARKS.md).
 
 Which sampler draws a trial depends only on its number, and every worker of a study walks the
 same Sobol sequence (seeded from the study's configured seed, or its name) through a counter
-in the study store, so workers agree and do not repeat each other's points (Optuna's counter is not
-atomic: two asks at the same instant may get the same point, which costs a trial, not a
-result).
+in the study store, so workers agree and do not repeat each other's points (Optuna's counter
+is not atomic: two asks at the same instant may get the same point, which costs a trial, not
+a result).
 """
 
 from __future__ import annotations

@@ -100,26 +100,13 @@ def _run_full(params: dict[str, Any], max_seconds: float, folder: Path) -> dict[
 
 
 def machine_speed() -> float:
-    """Plain PyTorch ResNet-18 training on this machine, images/s (32x32, batch 128, fp32, 2
-    threads, SGD): the figure DESIGN.md records, so a table says how fast its machine was."""
-    import torch
-    import torchvision
+    """This machine's plain PyTorch ResNet-18 training speed, images/s (32x32, batch 128, the
+    trainer-throughput benchmark's baseline loop), so a table says how fast its machine was."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from trainer_throughput import PlainLoop
 
-    torch.set_num_threads(2)
-    model = torchvision.models.resnet18(num_classes=10).to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    x = torch.randn(128, 3, 32, 32).to(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (128,))
-    windows = []
-    for window in range(4):
-        start = time.perf_counter()
-        for _ in range(5):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        if window:  # the first window warms up
-            windows.append(5 * 128 / (time.perf_counter() - start))
-    return statistics.median(windows)
+    loop = PlainLoop("resnet18", 32, 128)
+    return statistics.median(loop.window(5) for _ in range(3))
 
 
 def rows_to_keep(partial: Path, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
