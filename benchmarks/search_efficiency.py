@@ -112,7 +112,16 @@ def machine_speed() -> float:
 def rows_to_keep(partial: Path, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of an interrupted recording that ``--resume`` keeps: they must be the first
     configurations of the same sample, in order."""
-    rows = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
+    lines = [line for line in partial.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise SystemExit(f"{partial}, line {number}, is not a recorded row; delete the "
+                                 "file and run record again to start afresh") from None
+            # the last row, cut off by the interruption: it is recorded again
     if len(rows) > len(configs) or any(r["params"] != c for r, c in zip(rows, configs,
                                                                       strict=False)):
         raise SystemExit(f"{partial} holds configurations other than this sample's first "
@@ -126,6 +135,9 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False) -> None:
     configs = _sample_configs(space, n, seed)
     DATA.parent.mkdir(parents=True, exist_ok=True)
     tmp = DATA.with_suffix(".partial")
+    if tmp.is_file() and not resume:
+        raise SystemExit(f"an interrupted recording is at {tmp}; pass --resume to go on with "
+                         "it, or delete it to start afresh")
     rows = rows_to_keep(tmp, configs) if resume and tmp.is_file() else []
     speed = machine_speed()
     print(f"this machine: plain ResNet-18 {speed:.0f} img/s; {len(rows)} of {n} "

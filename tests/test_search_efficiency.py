@@ -31,6 +31,24 @@ def test_resume_refuses_another_sample(tmp_path):
         se.rows_to_keep(partial, CONFIGS)
 
 
+def test_resume_records_again_a_last_row_cut_off_by_the_interruption(tmp_path):
+    partial = tmp_path / "curves.partial"
+    partial.write_text(json.dumps({"params": CONFIGS[0], "curve": []}) + '\n{"params": {"glo')
+    assert [r["params"] for r in se.rows_to_keep(partial, CONFIGS)] == CONFIGS[:1]
+    partial.write_text('{"par\n' + json.dumps({"params": CONFIGS[0], "curve": []}) + "\n")
+    with pytest.raises(SystemExit, match="line 1, is not a recorded row"):
+        se.rows_to_keep(partial, CONFIGS)
+
+
+def test_record_does_not_overwrite_an_interrupted_recording(tmp_path, monkeypatch):
+    monkeypatch.setattr(se, "DATA", tmp_path / "curves.jsonl")
+    partial = tmp_path / "curves.partial"
+    partial.write_text(json.dumps({"params": CONFIGS[0], "curve": []}) + "\n")
+    with pytest.raises(SystemExit, match="pass --resume"):
+        se.record(2, 5.0, seed=7)
+    assert partial.read_text() == json.dumps({"params": CONFIGS[0], "curve": []}) + "\n"
+
+
 def test_baselines_report_once_an_epoch_whatever_the_evaluation_pace():
     # Two evaluations an epoch, never reaching the target: TPE + MedianPruner must see one
     # report an epoch (steps 0-3), at the evaluation that ends it.
