@@ -59,6 +59,9 @@ class TrainerConfig:
     checkpoint_every_s: float = 60.0        # a checkpoint at the first evaluation after this
                                             # many training seconds, so a trial whose worker
                                             # dies resumes from there; 0: only on SIGTERM
+    warm_ranks: bool = True                 # keep a worker's trainer ranks between its trials
+                                            # (the program takes --serve); false: a fresh
+                                            # launch for every trial
 
 
 @dataclass(frozen=True)

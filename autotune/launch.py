@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,8 @@ import psutil
 from .errors import LaunchError
 
 __all__ = ["deepspeed_command", "free_port", "keep_going", "multinode_commands",
-           "sweep_orphaned_shm_buffers",
-           "read_hostfile", "run_plan", "ReportChannel", "TrainerProcess", "trainer_path"]
+           "sweep_orphaned_shm_buffers", "read_hostfile", "run_plan", "serve_plans",
+           "ReportChannel", "TrainerProcess", "WarmRanks", "trainer_path"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -263,6 +263,7 @@ class ReportChannel:
         self._server.settimeout(0.5)
         self.address = f"{advertise or host}:{self._server.getsockname()[1]}"
         self._conn: socket.socket | None = None
+        self._buffer = b""   # what came after the last whole message, kept between trials
 
     def messages(self, process: TrainerProcess, deadline: float,
                  idle: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
@@ -277,8 +278,10 @@ class ReportChannel:
             except TimeoutError:
                 continue
             self._conn.settimeout(0.5)
-        buffer = b""
         while time.monotonic() <= deadline:
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                yield json.loads(line)
             try:
                 chunk = self._conn.recv(65536)
             except TimeoutError:
@@ -291,10 +294,7 @@ class ReportChannel:
                 return
             if not chunk:
                 return
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                yield json.loads(line)
+            self._buffer += chunk
 
     def request(self, name: str) -> None:
         """Sends an unsolicited request (``checkpoint``) that the trainer acts on at its next
@@ -313,6 +313,63 @@ class ReportChannel:
         for s in (self._conn, self._server):
             if s is not None:
                 s.close()
+
+
+class WarmRanks:
+    """A trainer's launcher, ranks and report channel, kept between a worker's trials.
+
+    The ranks were started with ``--serve``: after each trial they say ``ready`` and wait, and
+    the next plan goes to them over the channel instead of to a new launch, which saves the
+    launcher, interpreters, imports and process group at every trial (trainers/image_classifier
+    documents the protocol). Their output goes to one log; each trial's share of it is copied
+    to that trial's ``trainer.log``."""
+
+    def __init__(self, channel: ReportChannel, process: TrainerProcess, started_for: int
+                 ) -> None:
+        self.channel, self.process, self.started_for = channel, process, started_for
+        self.trials = 1                   # trials these ranks have been given
+        self._log_at = 0                  # where the current trial's output starts in the log
+
+    def hand(self, plan: dict[str, Any], wait_s: float = 30.0) -> bool:
+        """Gives ``plan`` to the waiting ranks; False when they are gone, or say anything but
+        ``ready`` within ``wait_s``."""
+        for message in self.channel.messages(self.process, time.monotonic() + wait_s):
+            if message.get("type") != "ready":
+                return False
+            self._log_at = self._log_size()
+            self.channel.reply({"action": "plan", "plan": plan})
+            self.trials += 1
+            return True
+        return False
+
+    def _log_size(self) -> int:
+        try:
+            return self.process.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def copy_log(self, to: Path) -> None:
+        """Appends the current trial's output to ``to``."""
+        try:
+            with open(self.process.log_path, "rb") as log, open(to, "ab") as out:
+                log.seek(self._log_at)
+                out.write(log.read())
+        except OSError:
+            pass   # a log is a convenience: never a reason to fail a trial
+
+    def close(self, *, kill: bool = False) -> int:
+        """Lets the ranks leave (``exit``), or with ``kill`` stops them; returns the launcher's
+        exit code."""
+        if not kill and self.process.running():
+            for message in self.channel.messages(self.process, time.monotonic() + 5.0):
+                if message.get("type") == "ready":
+                    self.channel.reply({"action": "exit"})
+                break
+        self.channel.close()
+        if kill:
+            self.process.kill()
+            return self.process.wait()
+        return self.process.wait(30.0, ended=True)
 
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
@@ -352,3 +409,47 @@ def run_plan(plan: dict[str, Any], folder: Path, *, answer: Answer = keep_going,
         channel.close()
         process.wait(ended=any(m.get("type") == "end" for m in messages))
     return messages, process
+
+
+def serve_plans(plans: Iterable[dict[str, Any]], folder: Path, *, device: str = "cpu",
+                threads_per_rank: int = 1, timeout_s: float = 600,
+                program: str = "image_classifier"
+                ) -> Iterator[tuple[list[dict[str, Any]], float]]:
+    """Runs ``plans`` one after another in warm trainer ranks, as a worker runs its trials
+    (see ``WarmRanks``), letting each go on to its end; yields each plan's messages and its
+    wall seconds from the hand-over (or the launch) to its end. Ranks that fail a plan are
+    replaced by a fresh launch for the next. For benchmarks and tests."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ranks: WarmRanks | None = None
+    try:
+        for number, plan in enumerate(plans):
+            start = time.perf_counter()
+            if ranks is not None and not ranks.hand(plan):
+                ranks.close(kill=True)
+                ranks = None
+            if ranks is None:
+                plan_path = folder / f"plan-{number}.json"
+                plan_path.write_text(json.dumps(plan))
+                channel = ReportChannel()
+                command = [*deepspeed_command(trainer_path(program), plan_path,
+                                              channel.address, ranks=int(plan["world_size"]),
+                                              master_port=free_port()), "--serve"]
+                process = TrainerProcess(command, trainer_env(device, threads_per_rank),
+                                         folder / f"ranks-from-{number}.log")
+                ranks = WarmRanks(channel, process, number)
+            messages: list[dict[str, Any]] = []
+            for message in ranks.channel.messages(ranks.process, time.monotonic() + timeout_s):
+                messages.append(message)
+                ended = message.get("type") == "end"
+                ranks.channel.reply({"action": "ack"} if ended else keep_going(message))
+                if ended:
+                    break
+            wall = time.perf_counter() - start
+            if not messages or messages[-1].get("type") != "end" \
+                    or messages[-1].get("reason") in ("checkpointed", "oom"):
+                ranks.close(kill=True)
+                ranks = None
+            yield messages, wall
+    finally:
+        if ranks is not None:
+            ranks.close()

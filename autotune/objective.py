@@ -36,6 +36,7 @@ from .errors import AutotuneError, PlanError, SpaceError
 from .launch import (
     ReportChannel,
     TrainerProcess,
+    WarmRanks,
     deepspeed_command,
     free_port,
     multinode_commands,
@@ -61,6 +62,9 @@ MAX_INFEASIBLE = 100        # constraint-violating samples in a row before givin
 # Failures the configuration causes (not the machine): recorded as complete but maximally
 # infeasible, so the sampler steers away from them instead of ignoring them.
 CONFIG_FAILURES = ("diverged", "oom")
+# Warm trainer ranks are replaced after this many trials: whatever a long-lived process
+# accumulates (allocator fragmentation, a library's caches) stays bounded.
+WARM_TRIALS_MAX = 100
 
 
 @dataclass
@@ -160,6 +164,7 @@ class TrialRunner:
                      else sum(slots for _, slots in hosts))
         self.session = session      # a control.WorkerSession: attempts and heartbeats
         self._interrupted = threading.Event()
+        self._local = threading.local()   # each local worker thread's warm ranks
         self.cfg = cfg
         self.space = space
         self.train_size = train_size
@@ -190,6 +195,19 @@ class TrialRunner:
             return trial, params
         raise SpaceError(f"{MAX_INFEASIBLE} sampled points in a row violate the search space's "
                          "constraints; loosen them or narrow the ranges they depend on")
+
+    def close(self) -> None:
+        """Lets the calling worker thread's warm trainer ranks leave (see ``WarmRanks``)."""
+        ranks = getattr(self._local, "ranks", None)
+        self._local.ranks = None
+        if ranks is not None:
+            ranks.close()
+
+    def __enter__(self) -> TrialRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def interrupt(self) -> None:
         """Asks the running trial to checkpoint and stop; it is queued to resume elsewhere."""
@@ -321,15 +339,46 @@ class TrialRunner:
                                    detail=result.detail)
         return result
 
-    def _follow(self, study: optuna.Study, trial: optuna.Trial, plan: dict[str, Any],
-                plan_path: Path, folder: Path, run_key: str | None) -> TrialResult:
+    def _start(self, trial: optuna.Trial, plan: dict[str, Any], plan_path: Path,
+               folder: Path) -> tuple[ReportChannel, TrainerProcess, WarmRanks | None]:
+        """The trial's trainer: this worker's warm ranks, given the plan, or a new launch
+        (which serves later trials too, with ``trainer.warm_ranks``)."""
+        ranks: WarmRanks | None = getattr(self._local, "ranks", None)
+        self._local.ranks = None
+        log_file = folder / "trainer.log"
+        if ranks is not None:
+            if ranks.hand(plan):
+                log_file.write_text(f"# warm ranks started for trial {ranks.started_for}, "
+                                    f"their trial {ranks.trials}; their whole log: "
+                                    f"{ranks.process.log_path}\n")
+                (folder / "command.txt").write_text(f"# warm ranks started for trial "
+                                                    f"{ranks.started_for}\n")
+                return ranks.channel, ranks.process, ranks
+            log.info("the warm trainer ranks of trial %d are gone (exit code %s); trial %d "
+                     "launches anew", ranks.started_for, ranks.process.proc.poll(),
+                     trial.number)
+            ranks.close(kill=True)
         channel, command = self._command(plan_path)
+        serve = self.cfg.trainer.warm_ranks
+        if serve:
+            command.append("--serve")
+            log_file = self.run_dir / "ranks" / f"from-trial-{trial.number}.log"
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            (folder / "trainer.log").write_text(f"# trainer ranks started for this trial; "
+                                                f"their whole log: {log_file}\n")
         (folder / "command.txt").write_text(" ".join(command) + "\n")
         try:
-            process = TrainerProcess(command, trainer_env(self.cfg.device, 1),
-                                     folder / "trainer.log")
-        except AutotuneError as e:
+            process = TrainerProcess(command, trainer_env(self.cfg.device, 1), log_file)
+        except AutotuneError:
             channel.close()
+            raise
+        return channel, process, WarmRanks(channel, process, trial.number) if serve else None
+
+    def _follow(self, study: optuna.Study, trial: optuna.Trial, plan: dict[str, Any],
+                plan_path: Path, folder: Path, run_key: str | None) -> TrialResult:
+        try:
+            channel, process, ranks = self._start(trial, plan, plan_path, folder)
+        except AutotuneError as e:
             return TrialResult(trial.number, {}, "failed", "launch_error", detail=str(e))
         metric = self.cfg.target.metric
         best, evals, curve = 0.0, 0, []
@@ -380,6 +429,11 @@ class TrialRunner:
                 if kind == "start":
                     writes.append(partial(trial.set_user_attr, "setup_s", msg.get("setup_s")))
                     writes.append(partial(trial.set_user_attr, "hosts", msg.get("hosts", [])))
+                    # which trainer process ran it, and its how-manieth trial (1: launched
+                    # for it; more: warm ranks)
+                    writes.append(partial(trial.set_user_attr, "trainer_pid", msg.get("pid")))
+                    writes.append(partial(trial.set_user_attr, "ranks_trial",
+                                          msg.get("served", 1)))
                     if self.tracker and run_key:
                         self.tracker.log_start(run_key, msg)
                     if flush(0):
@@ -422,15 +476,31 @@ class TrialRunner:
                 elif kind == "end":
                     end = msg
                     channel.reply({"action": "ack"})
+                    break     # warm ranks now wait for the next plan; others exit
         finally:
-            channel.close()
-            if end is None:
-                process.kill()
-            code = process.wait(ended=end is not None)
+            code = self._finish(channel, process, ranks, end, folder,
+                                keep=not self._interrupted.is_set() and not given_up)
             flush(None)
         result = self._result(trial.number, end, code, process, best, evals, stop_reason)
         result.curve = curve
         return result
+
+    def _finish(self, channel: ReportChannel, process: TrainerProcess,
+                ranks: WarmRanks | None, end: dict[str, Any] | None, folder: Path,
+                keep: bool) -> int:
+        """After a trial: warm ranks that ended it well are kept for this worker's next trial;
+        other trainers are stopped. Returns the exit code (0 for kept ranks)."""
+        if ranks is None:
+            channel.close()
+            if end is None:
+                process.kill()
+            return process.wait(ended=end is not None)
+        ranks.copy_log(folder / "trainer.log")
+        if keep and end is not None and end.get("reason") not in ("checkpointed", "oom") \
+                and ranks.trials < WARM_TRIALS_MAX:
+            self._local.ranks = ranks
+            return 0
+        return ranks.close(kill=end is None)
 
     def _command(self, plan_path: Path) -> tuple[ReportChannel, list[str]]:
         """The report channel and the launcher command of a trial."""

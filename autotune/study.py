@@ -338,10 +338,13 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
             return True
 
     def work() -> None:
-        while take():
-            result = runner.run(study)
-            with lock:
-                echo(format_result(result, cfg.target.metric))
+        try:
+            while take():
+                result = runner.run(study)
+                with lock:
+                    echo(format_result(result, cfg.target.metric))
+        finally:
+            runner.close()   # this thread's warm trainer ranks leave
 
     target = f"{cfg.target.metric} >= {cfg.target.value}"
     echo(f"study {cfg.study_name!r}: search space {space.name}, target {target}, "

@@ -119,7 +119,8 @@ class Tracker:
 
     def log_start(self, key: str, report: Mapping[str, Any]) -> None:
         self._log(key, metrics={"setup_s": report.get("setup_s")},
-                  tags={"autotune.hosts": ",".join(report.get("hosts", []))})
+                  tags={"autotune.hosts": ",".join(report.get("hosts", [])),
+                        "autotune.ranks_trial": str(report.get("served", 1))})
 
     def log_eval(self, key: str, report: Mapping[str, Any]) -> None:
         self._log(key, metrics={k: report[k] for k in EVAL_METRICS if k in report},

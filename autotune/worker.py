@@ -86,6 +86,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
         while not stopping and _budget_left(study, cfg):
             echo(format_result(runner.run(study), cfg.target.metric))
     finally:
+        runner.close()
         tracker.close(timeout_s=60)
         session.close()
         registry.close()

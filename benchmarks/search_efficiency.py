@@ -6,8 +6,9 @@
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--proposals random]
 
 ``record`` trains a random sample of quickstart configurations for real (the deepspeed
-launcher, 2 CPU ranks, digits, the quickstart study's trainer settings: evaluations every
-2 s), each over its whole planned length with no pruning, and stores every learning curve
+launcher, 2 CPU ranks kept warm between configurations as a worker keeps them, digits, the
+quickstart study's trainer settings: evaluations every 2 s), each over its whole planned
+length with no pruning, and stores every learning curve
 (accuracy against elapsed seconds at each evaluation) in
 ``benchmarks/data/quickstart_curves.jsonl``. The committed table was recorded with one
 evaluation an epoch, before ``record`` took the study's settings. Each new row also carries
@@ -17,8 +18,10 @@ only with itself. ``--resume`` keeps what an interrupted recording of the same s
 
 ``compare`` replays studies on a simulated clock against those curves: a proposed
 configuration trains as its nearest recorded one, and its training returns the recorded
-evaluations up to the moment a pruner stops it; each trial also pays its recorded launch and
-setup overhead. Methods: autotune (its sampler: a Sobol start, then TPE with constraints
+evaluations up to the moment a pruner stops it; each trial also pays its recorded overhead
+(in a table recorded in warm trainer ranks, as workers run trials now, the hand-over and
+set-up, and the ranks' launch once a study; in the committed table, recorded before, a launch
+at every trial). Methods: autotune (its sampler: a Sobol start, then TPE with constraints
 alternating with Sobol; and the TimeToAccuracyPruner), TPE + MedianPruner and TPE +
 SuccessiveHalvingPruner (both on epoch steps: they report and may prune at the first
 evaluation after each epoch ends), TPE without pruning, random search without pruning. The
@@ -38,7 +41,6 @@ import json
 import math
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -76,27 +78,30 @@ def _sample_configs(space: SearchSpace, n: int, seed: int) -> list[dict[str, Any
     return configs
 
 
-def _run_full(params: dict[str, Any], max_seconds: float, folder: Path) -> dict[str, Any]:
+def _plan(params: dict[str, Any], max_seconds: float) -> dict[str, Any]:
     from autotune.config import load as load_config
-    from autotune.launch import run_plan
     from autotune.plan import Hardware, resolve
 
     trainer = load_config("quickstart").trainer  # the trainer as the quickstart runs it,
     #                                              evaluations every eval_every_s included
-    plan = resolve(params, trainer=trainer.__dict__, train_size=1437,
+    return resolve(params, trainer=trainer.__dict__, train_size=1437,
                    hardware=Hardware(world_size=WORLD, max_micro_batch=trainer.max_micro_batch),
                    target={"metric": "top1", "value": 1.01}, max_seconds=max_seconds)
-    start = time.perf_counter()
-    messages, _ = run_plan(plan, folder, timeout_s=max_seconds * 3 + 240)
+
+
+def _row(params: dict[str, Any], plan: dict[str, Any], messages: list[dict[str, Any]],
+         wall: float) -> dict[str, Any]:
+    """A recorded row: the curve, when it reached the target, and what the trial paid besides
+    its training clock (``overhead_s``)."""
     curve = [[round(m["elapsed_s"], 3), m["top1"], m["top5"], round(m["epoch"] / plan["epochs"],
              4), m["loss"]] for m in messages if m["type"] == "eval"]
     end = next((m for m in messages if m["type"] == "end"), {})
-    wall = time.perf_counter() - start
+    begun = next((m for m in messages if m["type"] == "start"), {})
     reached = next((row[0] for row in curve if row[1] >= TARGET), None)
     elapsed = float(end.get("elapsed_s", curve[-1][0] if curve else 0.0))
     return {"params": params, "curve": curve, "reached_at": reached, "end_reason": end.get(
         "reason", "crashed"), "elapsed_s": elapsed, "overhead_s": round(wall - elapsed, 3),
-        "epochs": plan["epochs"]}
+        "epochs": plan["epochs"], "ranks_trial": begun.get("served")}
 
 
 def machine_speed() -> float:
@@ -144,18 +149,30 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False) -> None:
           "configurations already recorded", flush=True)
     # The first launch on a machine builds DeepSpeed's shared-memory op (a minute): not a
     # trial's start-up, so it happens here, unrecorded.
-    _run_full(configs[0], 2.0, Path("/tmp/autotune-record") / "warm-up")
+    from autotune.launch import run_plan, serve_plans
+
+    folder = Path("/tmp/autotune-record")
+    run_plan(_plan(configs[0], 2.0), folder / "warm-up", timeout_s=300)
+    todo = configs[len(rows):]
+    # As a worker runs them: in warm trainer ranks. The first plan, a short one, measures the
+    # ranks' launch, which a replayed study pays once.
+    plans = [_plan(configs[0], 2.0), *(_plan(p, max_seconds) for p in todo)]
+    served = serve_plans(plans, folder / "ranks", timeout_s=max_seconds * 3 + 240)
+    launch_s = _row(configs[0], plans[0], *next(served))["overhead_s"]
+    print(f"launch of the trainer ranks: {launch_s:.1f} s", flush=True)
     with tmp.open("w") as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")
-        for i, params in enumerate(configs[len(rows):], start=len(rows)):
-            row = {**_run_full(params, max_seconds, Path("/tmp/autotune-record") / f"c{i}"),
-                   "machine_img_s": round(speed, 1)}
+        for i, (params, plan, (messages, wall)) in enumerate(
+                zip(todo, plans[1:], served, strict=False), start=len(rows)):
+            row = {**_row(params, plan, messages, wall), "warm_ranks": True,
+                   "launch_s": launch_s, "machine_img_s": round(speed, 1)}
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(f"[{i + 1}/{n}] {params} -> reached_at={row['reached_at']} "
                   f"elapsed={row['elapsed_s']:.1f}s overhead={row['overhead_s']:.1f}s",
                   flush=True)
+        served.close()
     tmp.replace(DATA)
 
 
@@ -226,13 +243,20 @@ class Replay:
         row = nearest(self.table, params)
         best_before = self.best_tta()
         cost, tta = self._train(trial, row)
-        self.compute += row["overhead_s"] + cost
-        self.spent.append((self._ending(trial, row, best_before), row["overhead_s"], cost))
+        overhead = self._overhead(row)
+        self.compute += overhead + cost
+        self.spent.append((self._ending(trial, row, best_before), overhead, cost))
         if tta is not None:
             if self.compute <= self.budget:
                 self.best_in_budget = min(self.best_in_budget, tta)
             if self.found_at is None and tta <= 1.1 * self.best_table:
                 self.found_at = self.compute
+
+    def _overhead(self, row: dict[str, Any]) -> float:
+        """What a trial pays besides its training clock: its recorded overhead, plus, in a
+        table recorded in warm trainer ranks, their launch at the study's first trial."""
+        launch = row.get("launch_s", 0.0) if row.get("warm_ranks") and not self.spent else 0.0
+        return float(row["overhead_s"]) + float(launch)
 
     def _train(self, trial: optuna.Trial, row: dict[str, Any]) -> tuple[float, float | None]:
         """Replays ``row`` on the simulated clock; returns (training seconds, TTA or None)."""

@@ -1,14 +1,16 @@
-"""Trial start-up: what a trial pays before and after its training, against a baseline.
+"""Trial start-up: what a worker pays around each trial's training, against a baseline.
 
     python benchmarks/trial_startup.py [--pairs 4]
 
 Runs a short quickstart trial (ResNet-18 on digits, 2 CPU ranks under the DeepSpeed launcher,
-one epoch at batch 512) ``--pairs`` times as the worker starts it, and as many times with
-MLflow importable in the trainer processes (the baseline: DeepSpeed then imports it in the
-launcher and in every rank), interleaved so the machine's drift hits both alike. Start-up =
-the trial's wall time from the launch to the return, less its training clock (the time
-from the first training step to the end). Also printed: rank 0's set-up (from its process
-start to the first step).
+batch 512, stopped after 3 s of training) through autotune's worker loop (``TrialRunner``),
+``--pairs`` times as the worker runs it now, in warm trainer ranks that a worker keeps between
+its trials, and as many times launched afresh for every trial (the baseline,
+``trainer.warm_ranks: false``: the launcher, interpreters, imports and process group at every
+trial), interleaved so the machine's drift hits both alike. Start-up = the trial's wall time
+in the worker, from asking the study for the trial to its result told, less its training clock
+(first training step to the end). Also printed: rank 0's set-up (from the plan's arrival, or
+the process start, to the first step).
 
 Last line: ``startup_s=X baseline_startup_s=Y ratio=X/Y`` (medians; lower is better).
 """
@@ -16,6 +18,7 @@ Last line: ``startup_s=X baseline_startup_s=Y ratio=X/Y`` (medians; lower is bet
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -25,29 +28,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import optuna  # noqa: E402
+
 from autotune.config import load as load_config  # noqa: E402
-from autotune.launch import run_plan  # noqa: E402
-from autotune.plan import Hardware, resolve  # noqa: E402
+from autotune.objective import TrialRunner, make_pruner, make_sampler  # noqa: E402
+from autotune.space import load_space  # noqa: E402
 
 PARAMS = {"global_batch": 512, "lr_per_256": 0.05, "warmup_epochs": 0.0, "decay": "cosine",
-          "label_smoothing": 0.0, "epochs": 1}
+          "label_smoothing": 0.0, "epochs": 3}
+optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def one_trial(folder: Path, shadow_mlflow: bool) -> tuple[float, float]:
-    """Runs the trial once; returns (start-up seconds, rank 0's set-up seconds)."""
-    trainer = load_config("quickstart").trainer
-    plan = resolve(PARAMS, trainer=trainer.__dict__, train_size=1437,
-                   hardware=Hardware(world_size=2, max_micro_batch=trainer.max_micro_batch),
-                   target={"metric": "top1", "value": 1.01}, max_seconds=60)
-    start = time.perf_counter()
-    messages, process = run_plan(plan, folder, timeout_s=300, shadow_mlflow=shadow_mlflow)
-    wall = time.perf_counter() - start
-    end = next((m for m in messages if m.get("type") == "end"), None)
-    begun = next((m for m in messages if m.get("type") == "start"), None)
-    if end is None or begun is None:
-        raise SystemExit(f"the trial did not run to its end (exit code {process.returncode}); "
-                         f"see {folder / 'trainer.log'}")
-    return wall - float(end["elapsed_s"]), float(begun["setup_s"])
+class Worker:
+    """A worker's trial loop on its own study, with or without warm ranks."""
+
+    def __init__(self, folder: Path, warm: bool) -> None:
+        folder.mkdir(parents=True)
+        cfg = load_config("quickstart")
+        self.cfg = dataclasses.replace(
+            cfg, pruner="none", target=dataclasses.replace(cfg.target, value=1.0),
+            trainer=dataclasses.replace(cfg.trainer, warm_ranks=warm, checkpoint_every_s=0),
+            budget=dataclasses.replace(cfg.budget, max_trial_s=3.0))
+        self.study = optuna.create_study(storage=f"sqlite:///{folder / 'study.db'}",
+                                         sampler=make_sampler(self.cfg, 0),
+                                         pruner=make_pruner(self.cfg))
+        self.runner = TrialRunner(self.cfg, load_space("quickstart", world_size=2), 1437, None,
+                                  folder / "runs", None)
+
+    def trial(self) -> tuple[float, float]:
+        """Runs one trial; returns (start-up seconds, rank 0's set-up seconds)."""
+        self.study.enqueue_trial(PARAMS)
+        start = time.perf_counter()
+        result = self.runner.run(self.study)
+        wall = time.perf_counter() - start
+        if "elapsed_s" not in result.summary:
+            raise SystemExit(f"the trial did not run to its end: {result.outcome} "
+                             f"({result.reason}) {result.detail}")
+        return wall - float(result.summary["elapsed_s"]), float(result.summary["setup_s"])
 
 
 def main() -> None:
@@ -58,17 +75,27 @@ def main() -> None:
         parser.error(f"--pairs must be positive, got {args.pairs}")
     runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as tmp:
-        one_trial(Path(tmp) / "warm-up", True)  # first launch on a machine builds an op
-        for i in range(args.pairs):
-            for shadow in ((True, False) if i % 2 == 0 else (False, True)):
-                startup, setup = one_trial(Path(tmp) / f"t{i}-{shadow}", shadow)
-                runs[shadow].append((startup, setup))
-                print(f"pair {i + 1}: {'shipped ' if shadow else 'baseline'} start-up "
-                      f"{startup:5.2f} s, rank 0 set-up {setup:5.2f} s", flush=True)
+        workers = {warm: Worker(Path(tmp) / ("warm" if warm else "fresh"), warm)
+                   for warm in (True, False)}
+        # The warm worker's first trial is its launch; the first launch on a machine also
+        # builds DeepSpeed's op. Neither is what later trials pay.
+        first, _ = workers[True].trial()
+        print(f"warm ranks' first trial (their launch): start-up {first:5.2f} s", flush=True)
+        try:
+            for i in range(args.pairs):
+                for warm in ((True, False) if i % 2 == 0 else (False, True)):
+                    startup, setup = workers[warm].trial()
+                    runs[warm].append((startup, setup))
+                    print(f"pair {i + 1}: {'warm ranks ' if warm else 'fresh launch'} "
+                          f"start-up {startup:5.2f} s, rank 0 set-up {setup:5.2f} s",
+                          flush=True)
+        finally:
+            for worker in workers.values():
+                worker.runner.close()
     ours = statistics.median(s for s, _ in runs[True])
     base = statistics.median(s for s, _ in runs[False])
-    print(f"median start-up: shipped {ours:.2f} s (rank 0 set-up "
-          f"{statistics.median(s for _, s in runs[True]):.2f} s), MLflow importable "
+    print(f"median start-up: warm ranks {ours:.2f} s (rank 0 set-up "
+          f"{statistics.median(s for _, s in runs[True]):.2f} s), a fresh launch per trial "
           f"{base:.2f} s (set-up {statistics.median(s for _, s in runs[False]):.2f} s)")
     print(f"startup_s={ours:.2f} baseline_startup_s={base:.2f} ratio={ours / base:.2f}")
 

@@ -63,3 +63,35 @@ def test_baselines_report_once_an_epoch_whatever_the_evaluation_pace():
     frozen = replay.study.trials[-1]
     assert sorted(frozen.intermediate_values) == [0, 1, 2, 3]
     assert frozen.intermediate_values[1] == pytest.approx(1 - curve[3][1])  # 2nd epoch's end
+
+
+def test_a_table_recorded_in_warm_ranks_charges_their_launch_once_a_study():
+    curve = [[2.0 * k, 0.2 + 0.1 * k, 0.9, k / 8, 1.0] for k in range(1, 9)]
+    table = [{"params": c, "curve": curve, "reached_at": None, "end_reason": "planned_epochs",
+              "elapsed_s": 16.0, "overhead_s": 0.5, "epochs": 4, "warm_ranks": True,
+              "launch_s": 8.0} for c in CONFIGS]
+    table[0]["reached_at"] = 16.0
+    replay = se.Replay("random", seed=0, table=table)
+    replay.step()
+    replay.step()
+    assert [launch for _, launch, _ in replay.spent] == [8.5, 0.5]
+    # a table recorded before warm ranks: its overhead is a launch at every trial
+    cold = [{k: v for k, v in row.items() if k not in ("warm_ranks", "launch_s")}
+            for row in table]
+    replay = se.Replay("random", seed=0, table=cold)
+    replay.step()
+    replay.step()
+    assert [launch for _, launch, _ in replay.spent] == [0.5, 0.5]
+
+
+def test_record_trains_each_configuration_in_the_same_warm_ranks(tmp_path, monkeypatch):
+    monkeypatch.setattr(se, "DATA", tmp_path / "curves.jsonl")
+    se.record(2, 3.0, seed=7)
+    rows = [json.loads(line) for line in (tmp_path / "curves.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    # the ranks' launch was measured on a short first plan; the configurations came after it
+    assert [row["ranks_trial"] for row in rows] == [2, 3]
+    for row in rows:
+        assert row["warm_ranks"] is True and row["curve"] and row["elapsed_s"] >= 3.0
+        assert row["end_reason"] in ("max_seconds", "planned_epochs")
+        assert row["overhead_s"] > 0 and row["launch_s"] > 0 and row["machine_img_s"] > 0

@@ -23,11 +23,19 @@ are removed once it is complete, so a crash mid-save leaves the previous checkpo
 After a save-and-go-on, rank 0 reports ``{"type": "checkpoint", "path", "elapsed_s"}``. The
 time a periodic save takes is control time, left out of ``elapsed_s``. A plan with
 ``resume_from`` (a ``step-N`` folder) continues from that checkpoint.
+
+Warm ranks (``--serve``): after a trial ends, rank 0 tells the worker it is ``ready`` and
+waits; the worker's reply is the next trial's plan (``{"action": "plan", "plan": {...}}``),
+which rank 0 passes to every rank, or ``{"action": "exit"}``. The next trial then starts in the
+same processes: no launcher, interpreter, import or process-group start, and the data source
+is kept when the plan's data are the same. The ranks leave instead of serving after a
+checkpointed or out-of-memory end, on SIGTERM, or when the channel closes.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -69,7 +77,8 @@ def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
 
 def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim.Optimizer:
     opt = plan["optimizer"]
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, param in model.named_parameters():
         skip = plan.get("no_wd_on_bn_bias", True) and (param.ndim <= 1 or name.endswith(".bias"))
         (no_decay if skip else decay).append(param)
@@ -117,6 +126,20 @@ def _broadcast(values: list[float]) -> list[float]:
     return [float(v) for v in t.tolist()]
 
 
+_SOURCES: dict[str, Source] = {}  # kept across the trials of warm ranks
+_SERVED = [0]                     # trials this process has begun (more than 1: warm ranks)
+
+
+def _source(spec: dict[str, Any], on_gpu: bool) -> Source:
+    """The data source ``spec`` describes, opened once per process (an ImageFolder tree is
+    scanned once, not at every trial of warm ranks)."""
+    key = json.dumps([spec, on_gpu], sort_keys=True)
+    if key not in _SOURCES:
+        _SOURCES.clear()
+        _SOURCES[key] = open_source(spec, on_gpu)
+    return _SOURCES[key]
+
+
 def _is_oom(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
@@ -125,6 +148,7 @@ class Trainer:
     """One rank of one trial."""
 
     def __init__(self, plan: dict[str, Any], reporter: Reporter) -> None:
+        _SERVED[0] += 1
         self.plan = plan
         self.reporter = reporter
         self.wall0 = time.perf_counter()
@@ -156,7 +180,7 @@ class Trainer:
         else:
             self.device = torch.device("cpu")
             torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
-        self.source: Source = open_source(plan["data"], self.on_gpu)
+        self.source: Source = _source(plan["data"], self.on_gpu)
         model = build_model(plan, self.source.num_classes).to(self.device)
         if self.on_gpu:
             model = model.to(memory_format=torch.channels_last)
@@ -292,6 +316,7 @@ class Trainer:
             reply = self.reporter.send({"type": "start", "setup_s": time.perf_counter() -
                                         self.wall0, "world_size": self.world,
                                         "hosts": [os.uname().nodename],
+                                        "pid": os.getpid(), "served": _SERVED[0],
                                         "resumed_at_s": st["elapsed"] if plan.get(
                                             "resume_from") else None})
             st["deadline"] = float(reply.get("deadline_s") or -1.0)
@@ -407,11 +432,29 @@ class Trainer:
             waited = time.perf_counter()
             reply = self.reporter.send(report)
             clock.control_s += time.perf_counter() - waited
-            action = reply.get("action")
+            action = str(reply.get("action"))
             decision = [2.0 if reached else {"stop": 1.0, "checkpoint": 3.0}.get(action, 0.0),
                         float(reply.get("deadline_s") or -1.0)]
         code, st["deadline"] = _broadcast(decision)
         return {0.0: "go", 1.0: "stop", 2.0: "reached", 3.0: "checkpoint"}[code]
+
+
+def next_plan(reporter: Reporter, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """Warm ranks: the next trial's plan from the worker, the same on every rank, or None to
+    leave (the worker said exit or is gone, the trial ended checkpointed or out of memory, or
+    a rank got SIGTERM)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # waiting: SIGTERM ends the process at once
+    leave = _agree(int(summary["reason"] in ("checkpointed", "oom")))[0]
+    box: list[Any] = [None]
+    if dist.get_rank() == 0 and not leave:
+        try:
+            reply = reporter.send({"type": "ready"})
+        except (OSError, ValueError):  # the worker closed the channel, or is gone
+            reply = {"action": "exit"}
+        if reply.get("action") == "plan" and isinstance(reply.get("plan"), dict):
+            box[0] = reply["plan"]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,15 +462,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="path of the resolved plan (JSON)")
     parser.add_argument("--report-to", default=None,
                         help="HOST:PORT of the worker's report channel (default: stdout)")
+    parser.add_argument("--serve", action="store_true",
+                        help="after each trial, wait for the worker's next plan (warm ranks)")
     parser.add_argument("--local_rank", type=int, default=0, help="set by the launcher")
     args = parser.parse_args(argv)
-    plan = json.loads(Path(args.plan).read_text())
+    plan: dict[str, Any] | None = json.loads(Path(args.plan).read_text())
     rank = int(os.environ.get("RANK", 0))
     reporter = connect(args.report_to) if rank == 0 else connect(None)
     try:
-        trainer = Trainer(plan, reporter)
-        trainer.setup()
-        trainer.run()
+        while plan is not None:
+            trainer = Trainer(plan, reporter)
+            trainer.setup()
+            summary = trainer.run()
+            if trainer.terminate:
+                summary["reason"] = "checkpointed"  # SIGTERM: leave, whatever the end
+            del trainer  # the engine, optimizer and model go before the next trial's
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            plan = next_plan(reporter, summary) if args.serve and args.report_to else None
     finally:
         reporter.close()
         if dist.is_initialized():

@@ -1,0 +1,84 @@
+"""Warm trainer ranks: a worker's trials run one after another in the same trainer processes,
+and ranks that are gone are replaced by a fresh launch without failing a trial."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+
+import optuna
+import psutil
+
+from autotune.config import StudyConfig
+from autotune.objective import TrialRunner, make_pruner, make_sampler
+from autotune.space import load_space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _runner(tmp_path, warm=True):
+    cfg = StudyConfig()
+    cfg = dataclasses.replace(
+        cfg, trainer=dataclasses.replace(cfg.trainer, warm_ranks=warm, eval_every_s=0.0),
+        budget=dataclasses.replace(cfg.budget, max_trial_s=4.0))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}",
+                                direction="minimize", sampler=make_sampler(cfg, 3),
+                                pruner=make_pruner(cfg))
+    for batch in (128, 256, 128):    # short, known configurations: three real trials
+        study.enqueue_trial({"global_batch": batch, "lr_per_256": 0.05, "warmup_epochs": 0.0,
+                             "decay": "cosine", "label_smoothing": 0.0, "epochs": 3})
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None,
+                         tmp_path / "runs", None)
+    return runner, study
+
+
+def _alive(process):
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_workers_trials_run_in_the_same_warm_ranks_which_leave_when_it_closes(tmp_path):
+    runner, study = _runner(tmp_path)
+    with runner:
+        results = [runner.run(study) for _ in range(3)]
+        launcher = psutil.Process(runner._local.ranks.process.proc.pid)
+        ranks = launcher.children(recursive=True)
+        assert len(ranks) == 2 and all(_alive(p) for p in ranks)     # waiting for a plan
+    assert all(r.outcome != "failed" for r in results), [r.detail for r in results]
+    trials = study.trials
+    assert [t.user_attrs["ranks_trial"] for t in trials] == [1, 2, 3]
+    assert len({t.user_attrs["trainer_pid"] for t in trials}) == 1
+    # each trial keeps its own share of the ranks' log, and says where the whole log is
+    assert "warm ranks started for trial 0" in (tmp_path / "runs" / "trial-2" /
+                                                 "trainer.log").read_text()
+    # closing the runner let the ranks leave; the launcher follows them out
+    assert not any(_alive(p) for p in ranks)
+    psutil.wait_procs([launcher], timeout=30)
+    assert not _alive(launcher)
+
+
+def test_warm_ranks_that_died_between_trials_are_replaced_by_a_fresh_launch(tmp_path):
+    runner, study = _runner(tmp_path)
+    with runner:
+        first = runner.run(study)
+        os.killpg(runner._local.ranks.process.proc.pid, signal.SIGKILL)   # a lost node
+        runner._local.ranks.process.proc.wait()
+        second = runner.run(study)
+    assert first.outcome != "failed" and second.outcome != "failed", second.detail
+    a, b = study.trials[:2]
+    assert b.user_attrs["ranks_trial"] == 1                       # launched anew
+    assert a.user_attrs["trainer_pid"] != b.user_attrs["trainer_pid"]
+
+
+def test_without_warm_ranks_every_trial_is_a_fresh_launch(tmp_path):
+    runner, study = _runner(tmp_path, warm=False)
+    with runner:
+        for _ in range(2):
+            assert runner.run(study).outcome != "failed"
+        assert getattr(runner._local, "ranks", None) is None
+    assert [t.user_attrs["ranks_trial"] for t in study.trials[:2]] == [1, 1]
+    assert study.trials[0].user_attrs["trainer_pid"] != study.trials[1].user_attrs[
+        "trainer_pid"]
