@@ -358,12 +358,15 @@ class WarmRanks:
             pass   # a log is a convenience: never a reason to fail a trial
 
     def close(self, *, kill: bool = False) -> int:
-        """Lets the ranks leave (``exit``), or with ``kill`` stops them; returns the launcher's
-        exit code."""
+        """Lets waiting ranks leave (``exit``); stops them if they are not waiting (a trial
+        still running, or ranks leaving on their own), or with ``kill``. Returns the
+        launcher's exit code."""
         if not kill and self.process.running():
+            kill = True
             for message in self.channel.messages(self.process, time.monotonic() + 5.0):
                 if message.get("type") == "ready":
                     self.channel.reply({"action": "exit"})
+                    kill = False
                 break
         self.channel.close()
         if kill:
@@ -450,6 +453,13 @@ def serve_plans(plans: Iterable[dict[str, Any]], folder: Path, *, device: str = 
                 ranks.close(kill=True)
                 ranks = None
             yield messages, wall
+    except GeneratorExit:          # closed between plans: the ranks wait, and leave
+        raise
+    except BaseException:          # interrupted mid-plan: the ranks go with it
+        if ranks is not None:
+            ranks.close(kill=True)
+            ranks = None
+        raise
     finally:
         if ranks is not None:
             ranks.close()

@@ -482,6 +482,11 @@ class TrialRunner:
                                 keep=not self._interrupted.is_set() and not given_up)
             flush(None)
         result = self._result(trial.number, end, code, process, best, evals, stop_reason)
+        if result.reason == "crashed" and "unrecognized arguments: --serve" in result.detail:
+            result.detail = (f"trainer program {self.cfg.trainer.program!r} does not take "
+                             "--serve (warm ranks); set trainer.warm_ranks: false in the "
+                             "study file, or make it serve plans as trainers/image_classifier "
+                             "does")
         result.curve = curve
         return result
 

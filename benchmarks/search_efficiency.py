@@ -1,6 +1,6 @@
 """Search efficiency: how much compute each tuner spends to find a fast configuration.
 
-    python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 40] [--resume]
+    python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 60] [--resume]
     python benchmarks/search_efficiency.py compare [--seeds 20]
     python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300]
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--proposals random]
@@ -177,10 +177,14 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False) -> None:
 
 
 # -- replay -------------------------------------------------------------------------------------
-def load_table() -> list[dict[str, Any]]:
-    if not DATA.is_file():
-        raise SystemExit(f"no recorded curves at {DATA}; run `python {__file__} record` first")
-    return [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+def load_table(path: Path | None = None) -> list[dict[str, Any]]:
+    path = path or DATA
+    if not path.is_file():
+        raise SystemExit(f"no recorded curves at {path}; run `python {__file__} record` first")
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{path} is not a table of recorded curves (JSON lines): {e}") from None
 
 
 def _features(p: dict[str, Any]) -> list[float]:
@@ -339,8 +343,8 @@ class Replay:
 METHODS = ("autotune", "tpe_median", "tpe_sha", "tpe_nopruning", "random")
 
 
-def compare(seeds: int) -> None:
-    table = load_table()
+def compare(seeds: int, path: Path | None = None) -> None:
+    table = load_table(path)
     best = min(r["reached_at"] for r in table if r["reached_at"] is not None)
     reached = sum(r["reached_at"] is not None for r in table)
     speeds = {r["machine_img_s"] for r in table if "machine_img_s" in r}
@@ -365,10 +369,10 @@ def compare(seeds: int) -> None:
           f"tpe_nopruning_ratio={medians['tpe_nopruning'] / base:.2f}")
 
 
-def breakdown(seeds: int, proposals: str) -> None:
+def breakdown(seeds: int, proposals: str, path: Path | None = None) -> None:
     """Where autotune's compute goes until it finds the goal: seconds by how trials ended,
     launch overhead apart, with autotune's sampler or with random proposals."""
-    table = load_table()
+    table = load_table(path)
     ends: dict[str, list[float]] = {}
     overhead = total = 0.0
     perfect = []   # each study's compute had every trial but the goal's cost only its launch
@@ -401,9 +405,9 @@ def breakdown(seeds: int, proposals: str) -> None:
 
 LIVE_STUDY = """study_name: live
 search_space: quickstart
-trainer: {{eval_every_s: 0}}
+trainer: {{eval_every_s: {every}}}
 target: {{metric: top1, value: {target}}}
-budget: {{n_trials: 200, timeout_s: {budget}, max_trial_s: 40}}
+budget: {{n_trials: 200, timeout_s: {budget}, max_trial_s: {max_trial_s}}}
 warm_start: false
 pruner: {pruner}
 """
@@ -414,11 +418,15 @@ def _live_study(method: str, seed: int, budget: float, goal: float) -> tuple[flo
     import subprocess
     import tempfile
 
+    from autotune.config import load as load_config
+
     pruner = {"autotune": "tta", "tpe_median": "median"}[method]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        (folder / "study.yaml").write_text(LIVE_STUDY.format(target=TARGET, budget=budget,
-                                                             pruner=pruner))
+        quickstart = load_config("quickstart")   # the settings the table was recorded with
+        (folder / "study.yaml").write_text(LIVE_STUDY.format(
+            target=TARGET, budget=budget, pruner=pruner, every=quickstart.trainer.eval_every_s,
+            max_trial_s=quickstart.budget.max_trial_s))
         subprocess.run([sys.executable, "-m", "autotune", "start", "study", "study.yaml",
                         "--seed", str(seed)], cwd=folder, check=True, capture_output=True)
         study = optuna.load_study(study_name="live", storage=f"sqlite:///{folder}/autotune.db")
@@ -478,15 +486,20 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="train sampled configurations for real, record curves")
     rec.add_argument("--n", type=int, default=60, help="configurations to record")
-    rec.add_argument("--max-seconds", type=float, default=40.0, help="training seconds cap")
+    rec.add_argument("--max-seconds", type=float, default=60.0,
+                     help="training seconds cap (the quickstart study's max_trial_s)")
     rec.add_argument("--seed", type=int, default=7)
     rec.add_argument("--resume", action="store_true",
                      help="keep what an interrupted recording of the same sample wrote")
     cmp = sub.add_parser("compare", help="replay studies of each method on the recorded curves")
     cmp.add_argument("--seeds", type=int, default=20, help="studies per method")
+    cmp.add_argument("--table", type=Path, default=None,
+                     help="another recorded table, e.g. benchmarks/data/"
+                          "quickstart_curves_per_epoch.jsonl (default: the current one)")
     bd = sub.add_parser("breakdown", help="where autotune's compute goes, by how trials end")
     bd.add_argument("--seeds", type=int, default=20)
     bd.add_argument("--proposals", choices=("autotune", "random"), default="autotune")
+    bd.add_argument("--table", type=Path, default=None, help="another recorded table")
     lv = sub.add_parser("live", help="the reality check: real studies, autotune against TPE + "
                                      "MedianPruner, on the same budget")
     lv.add_argument("--seeds", type=int, default=3)
@@ -499,11 +512,11 @@ def main() -> None:
     if args.command == "record":
         record(args.n, args.max_seconds, args.seed, args.resume)
     elif args.command == "breakdown":
-        breakdown(args.seeds, args.proposals)
+        breakdown(args.seeds, args.proposals, args.table)
     elif args.command == "live":
         live(args.seeds, args.budget)
     else:
-        compare(args.seeds)
+        compare(args.seeds, args.table)
 
 
 if __name__ == "__main__":

@@ -84,12 +84,42 @@ def test_the_trap_a_long_schedule_behind_early_that_wins_late_survives():
     # because its LR is still high, but its schedule ends before the best TTA of 18 s: it can
     # still win at the end of its decay, so neither the rung nor the projection stops it.
     short = [curve([(2, 0.6), (4, 0.8), (6, 0.9), (8, 0.95)], planned_s=9) for _ in range(3)]
-    long = curve([(2, 0.3), (4, 0.45), (6, 0.55)], planned_s=16)
+    long = curve([(2, 0.3), (4, 0.4), (6, 0.5)], planned_s=16)
     assert rungs_crossed(4, 6, RULES) == [6.0]
     assert decide(long, short, best_tta=18.0, rules=RULES) is None
-    # The same curve planned far past the best TTA is hopeless: the projection stops it.
-    hopeless = curve([(2, 0.3), (4, 0.45), (6, 0.55)], planned_s=120)
+    # The same curve planned far past the best TTA is hopeless: even at twice its steepest
+    # pace (error 0.7 -> 0.6 in 2 s) it needs 18 s more; the projection stops it.
+    hopeless = curve([(2, 0.3), (4, 0.4), (6, 0.5)], planned_s=120)
     assert decide(hopeless, short, best_tta=18.0, rules=RULES) == "projection"
+
+
+def test_one_evaluations_dip_does_not_stop_a_trial():
+    # Evaluations every 2 s wobble: 0.80 after 0.85 is noise, not a stall. The projection
+    # takes the best accuracy so far at the steepest pace shown (0.5 -> 0.7 in 2 s).
+    wobbly = curve([(2, 0.5), (4, 0.7), (6, 0.85), (8, 0.80)], planned_s=30)
+    assert optimistic_tta(wobbly, RULES) < 14
+    assert decide(wobbly, [], best_tta=14.0, rules=RULES) is None
+
+
+# A recorded quickstart configuration (batch 64, LR 0.092 per 256, 4 epochs, evaluations
+# every 2 s) that reached 97% at 34.93 s, the best of its table: at chance for 13.6 s, a
+# third of its schedule, then the fastest rise of all.
+LATE_RISER = [(2.81, 0.15), (5.32, 0.10), (8.12, 0.10), (10.94, 0.106), (13.60, 0.10),
+              (16.16, 0.319), (19.03, 0.367), (21.49, 0.733), (24.03, 0.869), (26.72, 0.933),
+              (29.53, 0.936), (32.06, 0.961), (34.93, 0.974)]
+
+
+def test_a_trial_at_chance_in_its_warm_up_and_its_slow_first_rise_survive():
+    # Against the table's second best (38.29 s) and three peers well ahead of it at every
+    # rung, no evaluation of the winner's curve before it reaches the target stops it.
+    peers = [curve([(2, 0.4), (6, 0.7), (18, 0.9), (30, 0.95)], planned_s=60)
+             for _ in range(3)]
+    for n in range(1, len(LATE_RISER)):
+        seen = curve(LATE_RISER[:n], planned_s=50.7)
+        assert decide(seen, peers, best_tta=38.29, rules=RULES) is None, LATE_RISER[n - 1]
+    # The same start never rising is judged by the divergence rule at half its schedule.
+    flat = curve([(t, 0.1) for t in (5, 10, 15, 20, 25.4)], planned_s=50.7)
+    assert decide(flat, peers, best_tta=None, rules=RULES) == "diverged"
 
 
 def test_rung_stops_the_bottom_of_trials_compared_at_equal_time():

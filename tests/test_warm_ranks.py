@@ -82,3 +82,25 @@ def test_without_warm_ranks_every_trial_is_a_fresh_launch(tmp_path):
     assert [t.user_attrs["ranks_trial"] for t in study.trials[:2]] == [1, 1]
     assert study.trials[0].user_attrs["trainer_pid"] != study.trials[1].user_attrs[
         "trainer_pid"]
+
+
+def test_a_trainer_program_that_does_not_serve_plans_fails_with_what_to_do(tmp_path):
+    import trainers
+
+    program = f"_noserve_{os.getpid()}"
+    script = os.path.join(os.path.dirname(trainers.__file__), f"{program}.py")
+    with open(script, "w") as f:   # a trainer of the user's own, written before warm ranks
+        f.write("import argparse\np = argparse.ArgumentParser()\n"
+                "for a in ('--plan', '--report-to', '--local_rank'):\n    p.add_argument(a)\n"
+                "p.parse_args()\n")
+    try:
+        runner, study = _runner(tmp_path)
+        runner.cfg = dataclasses.replace(runner.cfg, trainer=dataclasses.replace(
+            runner.cfg.trainer, program=program))
+        with runner:
+            result = runner.run(study)
+    finally:
+        os.remove(script)
+    assert (result.outcome, result.reason) == ("failed", "crashed")
+    assert f"trainer program {program!r} does not take --serve" in result.detail
+    assert "trainer.warm_ranks: false" in result.detail

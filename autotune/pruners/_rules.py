@@ -6,7 +6,8 @@ Each rule answers one question about a running trial and returns a stop reason o
   of the planned schedule;
 * ``bound``: its elapsed time has passed the best TTA (times a margin), or its next
   evaluation cannot come before it: it cannot win (TTA is taken at an evaluation);
-* ``projection``: even an optimistic projection of its TTA is later than the best TTA;
+* ``projection``: even an optimistic projection of its TTA (its best accuracy so far, at the
+  steepest pace it has shown) is later than the best TTA;
 * ``rung``: at wall-clock rungs (``min_rung_s`` x eta^k seconds) it is in the bottom
   1 - 1/eta of the trials that got there, compared at equal elapsed time, as ASHA does
   asynchronously, unless its projection says it can still win (a long schedule that is behind
@@ -42,28 +43,43 @@ class Rules:
 def optimistic_tta(curve: Curve, rules: Rules) -> float:
     """The earliest time this trial could plausibly reach the target.
 
-    Two ways to get there: its error keeps falling (log error linear in time, ``optimism``
-    times faster than over its last evaluations), or the end of its planned schedule, where the
-    LR has decayed, brings the rest (plausible when the gap left is at most
-    ``end_gain x sqrt(share of schedule left)``).
+    Judged on its best accuracy so far (one evaluation's dip says nothing: with evaluations
+    every 2 s, accuracy wobbles), two ways to get there: its error keeps falling at the
+    steepest pace it has shown between two evaluations (log error linear in time, ``optimism``
+    times faster), or the end of its planned schedule, where the LR has decayed, brings the
+    rest (plausible when the gap left is at most ``end_gain x sqrt(share of schedule left)``).
+
+    A trial still at chance before ``diverge_after`` of its schedule has shown nothing to
+    project from: it could take off at any moment (a warm-up at a high LR often looks so for a
+    third of the schedule, then rises fast to win). Its earliest TTA is now; the bound and the
+    divergence rule judge it.
     """
     if curve.reached_at is not None:
         return curve.reached_at
     if not curve.times:
         return math.inf
-    now, value = curve.times[-1], curve.values[-1]
-    if value >= rules.target:
+    now = curve.times[-1]
+    running, top = [], 0.0
+    for value in curve.values:
+        top = max(top, value)
+        running.append(top)
+    if top >= rules.target:
+        return now
+    progress = curve.progress[-1] if curve.progress else 0.0
+    if top <= rules.chance * 1.5 and progress < rules.diverge_after:
         return now
     best = math.inf
-    progress = curve.progress[-1] if curve.progress else 0.0
-    if progress > 0 and rules.target - value <= rules.end_gain * math.sqrt(max(1 - progress, 0)):
+    if progress > 0 and rules.target - top <= rules.end_gain * math.sqrt(max(1 - progress, 0)):
         best = curve.planned_end()
-    if len(curve.times) >= 2:
-        (t0, v0), (t1, v1) = (curve.times[-2], curve.values[-2]), (now, value)
-        e0, e1, et = (max(1 - v, 1e-6) for v in (v0, v1, rules.target))
-        if t1 > t0 and e1 < e0:
-            slope = (math.log(e1) - math.log(e0)) / (t1 - t0) * rules.optimism
-            best = min(best, now + (math.log(et) - math.log(e1)) / slope)
+    steepest = 0.0           # d log(error) / dt, most negative between two evaluations
+    for (t0, v0), (t1, v1) in zip(zip(curve.times, running, strict=True),
+                                  zip(curve.times[1:], running[1:], strict=True), strict=False):
+        if t1 > t0:
+            steepest = min(steepest, (math.log(max(1 - v1, 1e-6)) -
+                                      math.log(max(1 - v0, 1e-6))) / (t1 - t0))
+    if steepest < 0:
+        gap = math.log(max(1 - rules.target, 1e-6)) - math.log(max(1 - top, 1e-6))
+        best = min(best, now + gap / (steepest * rules.optimism))
     return best
 
 
