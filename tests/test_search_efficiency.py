@@ -84,6 +84,7 @@ def test_a_table_recorded_in_warm_ranks_charges_their_launch_once_a_study():
     assert [launch for _, launch, _ in replay.spent] == [0.5, 0.5]
 
 
+@pytest.mark.slow
 def test_record_trains_each_configuration_in_the_same_warm_ranks(tmp_path, monkeypatch):
     monkeypatch.setattr(se, "DATA", tmp_path / "curves.jsonl")
     se.record(2, 3.0, seed=7)

@@ -9,6 +9,7 @@ import signal
 
 import optuna
 import psutil
+import pytest
 
 from autotune.config import StudyConfig
 from autotune.objective import TrialRunner, make_pruner, make_sampler
@@ -73,6 +74,7 @@ def test_warm_ranks_that_died_between_trials_are_replaced_by_a_fresh_launch(tmp_
     assert a.user_attrs["trainer_pid"] != b.user_attrs["trainer_pid"]
 
 
+@pytest.mark.slow
 def test_without_warm_ranks_every_trial_is_a_fresh_launch(tmp_path):
     runner, study = _runner(tmp_path, warm=False)
     with runner:
