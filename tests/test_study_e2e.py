@@ -30,11 +30,15 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     trials = study.trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
     for t in trials:
-        assert t.user_attrs["outcome"] in ("reached", "censored")
+        # A drawn configuration may diverge on this machine; that is the configuration's fault,
+        # told to the sampler as a violated constraint, never an Optuna failure.
+        assert t.user_attrs["outcome"] in ("reached", "censored", "failed")
         if t.user_attrs["outcome"] == "reached":
             assert t.value == t.user_attrs["tta_s"] > 0 and t.constraints["reach_target"] <= 0
         else:
             assert t.user_attrs["stop_reason"] and t.constraints["reach_target"] > 0
+        if t.user_attrs["outcome"] == "failed":
+            assert t.user_attrs["stop_reason"] in ("diverged", "oom"), t.user_attrs
         assert len(t.intermediate_values) >= 2 and len(t.user_attrs["curve"]) >= 2
 
     client = MlflowClient(resolve_tracking_uri(str(mlruns))[0])
