@@ -102,10 +102,10 @@ def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
 
 def make_sampler(cfg: StudyConfig, seed: int | None) -> optuna.samplers.BaseSampler:
     """autotune's sampler; plain TPE in the comparison modes (``pruner`` median or none).
-    ``seed`` seeds this process's draws; the Sobol sequence follows the study's ``cfg.seed``
-    in every worker."""
+    ``seed`` seeds this process's draws (a worker passes None and draws its own: its spread
+    points keep away from every other worker's trials through the study store)."""
     if cfg.pruner == "tta":
-        return ExploringTPESampler(seed=seed, sequence_seed=cfg.seed)
+        return ExploringTPESampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
 
 

@@ -38,7 +38,7 @@ def _load(storage: Any, study_name: str) -> tuple[optuna.Study, StudyConfig, Sea
     cfg = StudyConfig.from_dict(attrs["config"])
     space = SearchSpace.from_dict(attrs["search_space"])
     study = optuna.load_study(study_name=study_name, storage=storage,
-                              # no seed: TPE draws its own; Sobol points follow the study's
+                              # no seed: it draws its own; running trials keep workers apart
                               sampler=make_sampler(cfg, None),
                               pruner=make_pruner(cfg))
     return study, cfg, space

@@ -1,16 +1,22 @@
-"""autotune's sampler: Sobol start, TPE after it, one sequence shared by a study's workers."""
+"""autotune's sampler: spread points, TPE for a share after the start, workers kept apart."""
 
 from __future__ import annotations
 
 import math
+import random
+import statistics
 from types import SimpleNamespace
 
 import optuna
 import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune.samplers import ExploringTPESampler
+from autotune._spread import distance, draw, farthest
+from autotune.samplers import ExploringTPESampler, SpreadSampler
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+SPACE = {"x": FloatDistribution(0.0, 1.0), "lr": FloatDistribution(0.01, 2.0, log=True)}
 
 
 def _draw(trial: optuna.Trial) -> tuple[float, float]:
@@ -27,58 +33,107 @@ def _run(study: optuna.Study, n: int) -> list[tuple[float, float]]:
     return points
 
 
+def _closest_pair(points: list[tuple[float, float]]) -> float:
+    as_dicts = [{"x": x, "lr": lr} for x, lr in points]
+    return min(distance(SPACE, a, b) for i, a in enumerate(as_dicts) for b in as_dicts[:i])
+
+
+def test_distance_is_taken_in_the_unit_cube_of_the_space():
+    space = {**SPACE, "decay": CategoricalDistribution(["cosine", "step"]),
+             "epochs": IntDistribution(3, 13)}
+    a = {"x": 0.0, "lr": 0.01, "decay": "cosine", "epochs": 3}
+    assert distance(space, a, a) == 0.0
+    assert distance(space, a, {**a, "x": 0.5}) == pytest.approx(0.5)
+    assert distance(space, a, {**a, "lr": 2.0}) == pytest.approx(1.0)           # log range
+    assert distance(space, a, {**a, "lr": math.sqrt(0.02)}) == pytest.approx(0.5)
+    assert distance(space, a, {**a, "decay": "step"}) == 1.0
+    assert distance(space, a, {**a, "epochs": 8}) == pytest.approx(0.5)
+    assert distance(space, a, {"x": 1.0}) == 1.0     # a parameter one point lacks: not counted
+
+
+def test_draws_stay_in_range_on_the_step_grid():
+    rng = random.Random(0)
+    stepped = FloatDistribution(0.0, 1.0, step=0.25)
+    ints = IntDistribution(4, 9)
+    for _ in range(200):
+        assert draw(stepped, rng) in (0.0, 0.25, 0.5, 0.75, 1.0)
+        value = draw(ints, rng)
+        assert isinstance(value, int) and 4 <= value <= 9
+        assert 0.01 <= draw(SPACE["lr"], rng) <= 2.0
+
+
+def test_the_farthest_candidate_is_kept():
+    tried = [{"x": 0.1, "lr": 0.01}, {"x": 0.9, "lr": 2.0}]
+    rng = random.Random(1)
+    point = farthest(SPACE, tried, rng, candidates=64)
+    # the emptiest corners are (0, 2.0) and (1, 0.01), each sqrt(0.82) from the tried points
+    gap = min(distance(SPACE, point, t) for t in tried)
+    assert gap > 0.75
+    assert farthest(SPACE, [], random.Random(1), 64) == farthest(SPACE, [], random.Random(1), 1)
+
+
 def test_which_sampler_draws_each_trial():
-    sampler = ExploringTPESampler(seed=1, n_startup_trials=4, explore_every=3)
+    sampler = ExploringTPESampler(seed=1, n_startup_trials=4, tpe_every=3)
     study = optuna.create_study(sampler=sampler)
     kinds = []
-    for number in range(10):
+    for number in range(12):
         trial = SimpleNamespace(number=number)  # the choice reads the number alone
-        kinds.append("tpe" if sampler._for(study, trial) is sampler._tpe else "sobol")
-    assert kinds == ["sobol"] * 4 + ["tpe", "sobol", "tpe", "tpe", "sobol", "tpe"]
+        kinds.append("tpe" if sampler._for(study, trial) is sampler._tpe else "spread")
+    assert kinds == ["spread"] * 5 + ["tpe", "spread", "spread", "tpe", "spread", "spread", "tpe"]
 
 
-def test_the_start_covers_each_parameter_evenly():
-    # Trial 0 is drawn at random (the sequence needs the search space first); trials 1-16 are
-    # the first 16 Sobol points: each parameter has exactly one point in each 16th of its range
-    # (log range for a log parameter), which 16 random draws almost never do.
-    study = optuna.create_study(sampler=ExploringTPESampler(seed=3))
-    points = _run(study, 17)[1:]
-    xs = sorted(int(x * 16) for x, _ in points)
-    lrs = sorted(int(math.log(lr / 0.01) / math.log(200) * 16) for _, lr in points)
-    assert xs == list(range(16))
-    assert lrs == list(range(16))
+def test_spread_points_keep_apart_where_random_ones_crowd():
+    # 16 points in two dimensions, ten seeds: no two spread points come closer than 0.1 (of
+    # the unit square), and their closest pair is typically twice as far apart as random
+    # draws' (random draws put two points within 0.05 in half the seeds).
+    spread, scattered = [], []
+    for seed in range(10):
+        spread.append(_closest_pair(_run(optuna.create_study(sampler=SpreadSampler(seed=seed)),
+                                         16)))
+        scattered.append(_closest_pair(_run(optuna.create_study(
+            sampler=optuna.samplers.RandomSampler(seed=seed)), 16)))
+    assert min(spread) > 0.1
+    assert statistics.median(spread) > 2 * statistics.median(scattered)
 
 
-@pytest.mark.parametrize("seed", [None, 5])
-def test_workers_of_a_study_share_one_sequence(tmp_path, seed):
-    """Two workers, each with its own sampler and no seed of their own (as ``autotune
-    worker`` runs), asking in turn on one stored study, draw the same points the study's own
-    process alone would (seeded with the study's seed), none twice."""
-    alone = optuna.create_study(study_name="s", sampler=ExploringTPESampler(seed=seed),
-                                storage=f"sqlite:///{tmp_path}/alone.db")
-    expected = _run(alone, 12)
+def test_workers_spread_apart_through_the_study_store(tmp_path):
+    """Two workers with the same draws (the worst case: the same seed) on one stored study,
+    each asking for a trial while the other's runs: the second keeps away from the first's
+    running trial instead of drawing the same point."""
     url = f"sqlite:///{tmp_path}/shared.db"
-    optuna.create_study(study_name="s", storage=url)
+    history = optuna.create_study(study_name="s", storage=url,
+                                  sampler=optuna.samplers.RandomSampler(seed=0))
+    _run(history, 3)
+    finished = history.trials
     workers = [optuna.load_study(study_name="s", storage=url,
-                                 sampler=ExploringTPESampler(seed=None, sequence_seed=seed))
-               for _ in range(2)]
-    drawn = [_run(workers[i % 2], 1)[0] for i in range(12)]
-    assert len(set(drawn[1:])) == 11
-    assert drawn[1:] == pytest.approx(expected[1:])
+                                 sampler=ExploringTPESampler(seed=5)) for _ in range(2)]
+    first = workers[0].ask()
+    a = dict(zip(("x", "lr"), _draw(first), strict=True))   # running, its parameters stored
+    second = workers[1].ask()
+    b = dict(zip(("x", "lr"), _draw(second), strict=True))
+    assert distance(SPACE, a, b) > 0.2
+    # the same draws with the first trial finished elsewhere unseen: the very same point
+    again = optuna.create_study(sampler=ExploringTPESampler(seed=5))
+    for trial in finished:
+        again.add_trial(trial)
+    assert dict(zip(("x", "lr"), _run(again, 1)[0], strict=True)) == pytest.approx(a)
 
 
-def test_tpe_takes_over_after_the_start():
-    study = optuna.create_study(sampler=ExploringTPESampler(seed=0, n_startup_trials=8))
+def test_tpe_takes_over_its_share_after_the_start():
+    study = optuna.create_study(sampler=ExploringTPESampler(seed=0, n_startup_trials=8,
+                                                            tpe_every=2))
     values = [(x - 0.3) ** 2 + math.log(lr) ** 2 for x, lr in _run(study, 40)]
-    # TPE's trials (even numbers from 8 on) gather near the optimum (x = 0.3, lr = 1.0);
-    # the Sobol trials keep spreading out.
-    tpe = sorted(v for n, v in enumerate(values) if n >= 20 and n % 2 == 0)
-    sobol = sorted(v for n, v in enumerate(values) if n >= 20 and n % 2 == 1)
-    assert tpe[5] < 0.25 * sobol[5]
+    # TPE's trials (odd numbers from 8 on) gather near the optimum (x = 0.3, lr = 1.0);
+    # the spread trials keep covering the space.
+    tpe = sorted(v for n, v in enumerate(values) if n >= 20 and n % 2 == 1)
+    spread = sorted(v for n, v in enumerate(values) if n >= 20 and n % 2 == 0)
+    assert tpe[5] < 0.25 * spread[5]
 
 
 def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="explore_every"):
-        ExploringTPESampler(explore_every=-1)
+    with pytest.raises(ValueError, match="tpe_every"):
+        ExploringTPESampler(tpe_every=-1)
     with pytest.raises(ValueError, match="n_startup_trials"):
         ExploringTPESampler(n_startup_trials=-1)
+    with pytest.raises(ValueError, match="candidates"):
+        SpreadSampler(candidates=0)
