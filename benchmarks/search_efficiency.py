@@ -1,8 +1,8 @@
 """Search efficiency: how much compute each tuner spends to find a fast configuration.
 
-    python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 60] [--resume]
+    python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 60] [--resume] [--out F]
     python benchmarks/search_efficiency.py compare [--seeds 200]
-    python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300]
+    python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300] [--table F]
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--proposals random]
 
 ``record`` trains a random sample of quickstart configurations for real (the deepspeed
@@ -10,11 +10,15 @@ launcher, 2 CPU ranks kept warm between configurations as a worker keeps them, d
 quickstart study's trainer settings: evaluations every 2 s), each over its whole planned
 length with no pruning, and stores every learning curve
 (accuracy against elapsed seconds at each evaluation) in
-``benchmarks/data/quickstart_curves.jsonl``. The committed table was recorded with one
-evaluation an epoch, before ``record`` took the study's settings. Each new row also carries
-the machine's plain ResNet-18 speed (``machine_img_s``, which ``compare`` prints): this kind of
+``benchmarks/data/quickstart_curves.jsonl`` (or ``--out``). Each row also carries the
+machine's plain ResNet-18 speed (``machine_img_s``, which ``compare`` prints): this kind of
 machine has run three times faster on some days than on others, and a table is comparable
 only with itself. ``--resume`` keeps what an interrupted recording of the same sample wrote.
+The committed tables: ``quickstart_curves.jsonl`` (the default: 60 configurations, sample
+seed 8, recorded at 669 img/s, the speed DESIGN.md records for these machines),
+``quickstart_curves_205img_s.jsonl`` (48 configurations, seed 7, at 205 img/s) and
+``quickstart_curves_per_epoch.jsonl`` (60 configurations, one evaluation an epoch and a
+launch at every trial, recorded before ``record`` took the study's settings).
 
 ``compare`` replays studies on a simulated clock against those curves: a proposed
 configuration trains as its nearest recorded one, and its training returns the recorded
@@ -31,9 +35,9 @@ recorded trial), and pruned trials as PRUNED.
 
 Metric: compute seconds spent until a trial has reached the target within 10% of the best TTA
 in the table (median over seeds), and the best TTA found within a fixed compute budget. The
-median of 20 studies swings widely (random_ratio from 1.5 to 5 between blocks of 20 seeds on
-the committed table), so ``compare`` replays 200 by default and prints the ratio's range over
-its blocks of 20 seeds.
+median of 20 studies swings widely (random_ratio from 1.0 to 2.7 between blocks of 20 seeds
+on the default table, 1.5 to 5.1 on the 205 img/s one), so ``compare`` replays 200 by default
+and prints the ratio's range over its blocks of 20 seeds.
 The last line: ``autotune_median_s=X random_ratio=R tpe_median_ratio=T tpe_sha_ratio=S
 tpe_nopruning_ratio=U``, each ratio a method's median compute over autotune's.
 """
@@ -139,11 +143,13 @@ def rows_to_keep(partial: Path, configs: list[dict[str, Any]]) -> list[dict[str,
     return rows
 
 
-def record(n: int, max_seconds: float, seed: int, resume: bool = False) -> None:
+def record(n: int, max_seconds: float, seed: int, resume: bool = False,
+           out: Path | None = None) -> None:
+    path = out or DATA
     space = load_space("quickstart", world_size=WORLD)
     configs = _sample_configs(space, n, seed)
-    DATA.parent.mkdir(parents=True, exist_ok=True)
-    tmp = DATA.with_suffix(".partial")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
     if tmp.is_file() and not resume:
         raise SystemExit(f"an interrupted recording is at {tmp}; pass --resume to go on with "
                          "it, or delete it to start afresh")
@@ -177,7 +183,8 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False) -> None:
                   f"elapsed={row['elapsed_s']:.1f}s overhead={row['overhead_s']:.1f}s",
                   flush=True)
         served.close()
-    tmp.replace(DATA)
+    tmp.replace(path)
+    print(f"recorded {n} configurations in {path}")
 
 
 # -- replay -------------------------------------------------------------------------------------
@@ -455,10 +462,11 @@ def _live_study(method: str, seed: int, budget: float, goal: float) -> tuple[flo
     return (found if found is not None else compute), best
 
 
-def live(seeds: int, budget: float) -> None:
+def live(seeds: int, budget: float, path: Path | None = None) -> None:
     """The reality check: the real quickstart, autotune against TPE + MedianPruner, each
-    study ``budget`` seconds, beside what the replay predicts for the same budget."""
-    table = load_table()
+    study ``budget`` seconds, beside what the replay predicts for the same budget on the
+    table at ``path`` (it is a check only on the machine and day the table was recorded)."""
+    table = load_table(path)
     goal = 1.1 * min(r["reached_at"] for r in table if r["reached_at"] is not None)
     medians, best = {}, {}
     for method in ("autotune", "tpe_median"):
@@ -503,11 +511,13 @@ def main() -> None:
     rec.add_argument("--seed", type=int, default=7)
     rec.add_argument("--resume", action="store_true",
                      help="keep what an interrupted recording of the same sample wrote")
+    rec.add_argument("--out", type=Path, default=None,
+                     help=f"the table to write (default: {DATA.relative_to(ROOT)})")
     cmp = sub.add_parser("compare", help="replay studies of each method on the recorded curves")
     cmp.add_argument("--seeds", type=int, default=200, help="studies per method")
     cmp.add_argument("--table", type=Path, default=None,
                      help="another recorded table, e.g. benchmarks/data/"
-                          "quickstart_curves_per_epoch.jsonl (default: the current one)")
+                          "quickstart_curves_205img_s.jsonl (default: quickstart_curves.jsonl)")
     bd = sub.add_parser("breakdown", help="where autotune's compute goes, by how trials end")
     bd.add_argument("--seeds", type=int, default=20)
     bd.add_argument("--proposals", choices=("autotune", "random"), default="autotune")
@@ -516,17 +526,20 @@ def main() -> None:
                                      "MedianPruner, on the same budget")
     lv.add_argument("--seeds", type=int, default=3)
     lv.add_argument("--budget", type=float, default=BUDGET_S, help="seconds per study")
+    lv.add_argument("--table", type=Path, default=None,
+                    help="the table recorded on this machine (its goal, and the replay's "
+                         "prediction)")
     args = parser.parse_args()
     for name in ("seeds", "n", "budget", "max_seconds"):
         if getattr(args, name, 1) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got "
                          f"{getattr(args, name)}")
     if args.command == "record":
-        record(args.n, args.max_seconds, args.seed, args.resume)
+        record(args.n, args.max_seconds, args.seed, args.resume, args.out)
     elif args.command == "breakdown":
         breakdown(args.seeds, args.proposals, args.table)
     elif args.command == "live":
-        live(args.seeds, args.budget)
+        live(args.seeds, args.budget, args.table)
     else:
         compare(args.seeds, args.table)
 

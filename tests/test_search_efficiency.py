@@ -86,8 +86,9 @@ def test_a_table_recorded_in_warm_ranks_charges_their_launch_once_a_study():
 
 @pytest.mark.slow
 def test_record_trains_each_configuration_in_the_same_warm_ranks(tmp_path, monkeypatch):
-    monkeypatch.setattr(se, "DATA", tmp_path / "curves.jsonl")
-    se.record(2, 3.0, seed=7)
+    monkeypatch.setattr(se, "DATA", tmp_path / "committed.jsonl")
+    se.record(2, 3.0, seed=7, out=tmp_path / "curves.jsonl")
+    assert not (tmp_path / "committed.jsonl").exists()       # --out leaves the default alone
     rows = [json.loads(line) for line in (tmp_path / "curves.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     # the ranks' launch was measured on a short first plan; the configurations came after it
