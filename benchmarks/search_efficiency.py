@@ -24,7 +24,7 @@ launch at every trial, recorded before ``record`` took the study's settings).
 configuration trains as its nearest recorded one, and its training returns the recorded
 evaluations up to the moment a pruner stops it; each trial also pays its recorded overhead
 (in a table recorded in warm trainer ranks, as workers run trials now, the hand-over and
-set-up, and the ranks' launch once a study; in the committed table, recorded before, a launch
+set-up, and the ranks' launch once a study; in the per-epoch table, recorded before, a launch
 at every trial). Methods: autotune (its sampler: spread points, each the farthest of 8 draws
 from the configurations tried, TPE with constraints for one trial in four after the first 32;
 and the TimeToAccuracyPruner), TPE + MedianPruner and TPE +
@@ -146,6 +146,9 @@ def rows_to_keep(partial: Path, configs: list[dict[str, Any]]) -> list[dict[str,
 def record(n: int, max_seconds: float, seed: int, resume: bool = False,
            out: Path | None = None) -> None:
     path = out or DATA
+    if path.is_dir():
+        raise SystemExit(f"--out {path} is a folder; give the table's file name, e.g. "
+                         f"{path / 'quickstart_curves.jsonl'}")
     space = load_space("quickstart", world_size=WORLD)
     configs = _sample_configs(space, n, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +194,8 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False,
 def load_table(path: Path | None = None) -> list[dict[str, Any]]:
     path = path or DATA
     if not path.is_file():
-        raise SystemExit(f"no recorded curves at {path}; run `python {__file__} record` first")
+        raise SystemExit(f"no recorded curves at {path}; record them with `python {__file__} "
+                         f"record --out {path}`")
     try:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except json.JSONDecodeError as e:

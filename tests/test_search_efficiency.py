@@ -49,6 +49,12 @@ def test_record_does_not_overwrite_an_interrupted_recording(tmp_path, monkeypatc
     assert partial.read_text() == json.dumps({"params": CONFIGS[0], "curve": []}) + "\n"
 
 
+def test_record_refuses_a_folder_as_its_table_before_training(tmp_path):
+    with pytest.raises(SystemExit, match="is a folder; give the table's file name"):
+        se.record(2, 5.0, seed=7, out=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_baselines_report_once_an_epoch_whatever_the_evaluation_pace():
     # Two evaluations an epoch, never reaching the target: TPE + MedianPruner must see one
     # report an epoch (steps 0-3), at the evaluation that ends it.
