@@ -173,15 +173,15 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False,
     served = serve_plans(plans, folder / "ranks", timeout_s=max_seconds * 3 + 240)
     launch_s = _row(configs[0], plans[0], *next(served))["overhead_s"]
     print(f"launch of the trainer ranks: {launch_s:.1f} s", flush=True)
-    with tmp.open("w") as out:
+    with tmp.open("w") as sink:
         for row in rows:
-            out.write(json.dumps(row) + "\n")
+            sink.write(json.dumps(row) + "\n")
         for i, (params, plan, (messages, wall)) in enumerate(
                 zip(todo, plans[1:], served, strict=False), start=len(rows)):
             row = {**_row(params, plan, messages, wall), "warm_ranks": True,
                    "launch_s": launch_s, "machine_img_s": round(speed, 1)}
-            out.write(json.dumps(row) + "\n")
-            out.flush()
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
             print(f"[{i + 1}/{n}] {params} -> reached_at={row['reached_at']} "
                   f"elapsed={row['elapsed_s']:.1f}s overhead={row['overhead_s']:.1f}s",
                   flush=True)
@@ -320,6 +320,11 @@ class Replay:
             self.study.tell(trial, self.penalty)
         return end, None
 
+    @property
+    def to_goal(self) -> float:
+        """The metric: compute until the goal was found, or all of it when it never was."""
+        return self.found_at if self.found_at is not None else self.compute
+
     def best_tta(self) -> float:
         """The best TTA the study has found so far (inf before any trial reached)."""
         values = [t.value for t in self.study.get_trials(deepcopy=False)
@@ -371,8 +376,7 @@ def compare(seeds: int, path: Path | None = None) -> None:
     spent_by: dict[str, list[float]] = {}
     for method in METHODS:
         runs = [Replay(method, seed, table).run() for seed in range(seeds)]
-        spent = spent_by[method] = [r.found_at if r.found_at is not None else r.compute
-                                    for r in runs]
+        spent = spent_by[method] = [r.to_goal for r in runs]
         misses = sum(r.found_at is None for r in runs)
         medians[method] = statistics.median(spent)
         in_budget = statistics.median(r.best_in_budget for r in runs)
@@ -410,8 +414,7 @@ def breakdown(seeds: int, proposals: str, path: Path | None = None) -> None:
             overhead += launch
         total += replay.compute
         perfect.append(sum(launch for _, launch, _ in replay.spent) + replay.spent[-1][2])
-    random_search = [r.found_at if r.found_at is not None else r.compute
-                     for r in (Replay("random", seed, table).run() for seed in range(seeds))]
+    random_search = [Replay("random", seed, table).run().to_goal for seed in range(seeds)]
     print(f"autotune ({proposals} proposals), {seeds} studies until each found the goal: "
           f"{sum(len(v) for v in ends.values())} trials, {total:.0f} s")
     for end, costs in sorted(ends.items(), key=lambda kv: -sum(kv[1])):
