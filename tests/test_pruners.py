@@ -148,6 +148,19 @@ def test_divergence_nan_loss_or_chance_accuracy_after_a_share_of_the_schedule():
     assert decide(late_chance, [], None, RULES) == "diverged"
 
 
+def test_a_blown_up_loss_at_chance_is_divergence_at_once_and_a_recovering_one_is_not():
+    # Recorded on the quickstart (batch 512, LR 1.69 per 256): validation loss 1.1e22 at chance
+    # after 21% of its schedule; it never left chance.
+    blown = curve([(2.8, 0.1)], planned_s=12.9)
+    assert decide(blown, [], None, RULES, loss=1.06e22) == "diverged"
+    # A loss of 3.2e4 at chance, then the target at 37.8 s (the per-epoch table): it goes on.
+    recovering = curve([(4.8, 0.1)], planned_s=40.1)
+    assert decide(recovering, [], None, RULES, loss=3.2e4) is None
+    # Above chance the loss alone does not stop it.
+    learning = curve([(2.8, 0.4)], planned_s=12.9)
+    assert decide(learning, [], None, RULES, loss=1e7) is None
+
+
 def test_a_slow_start_is_not_divergence():
     # Recorded on the quickstart (batch 256, 11 epochs, 0.7 warm-up epochs): at chance until
     # 36% of its schedule, then 62% at 45% and the target at 27.3 s. Judged diverged at 30%

@@ -2,8 +2,9 @@
 
 Each rule answers one question about a running trial and returns a stop reason or None:
 
-* ``diverged``: the loss is NaN or infinite, or accuracy is still at chance after a set share
-  of the planned schedule;
+* ``diverged``: the loss is NaN or infinite; or accuracy is at chance with a validation loss
+  past ``blowup_loss`` (the weights have blown up: logits millions apart); or accuracy is still
+  at chance after a set share of the planned schedule;
 * ``bound``: its elapsed time has passed the best TTA (times a margin), or its next
   evaluation cannot come before it: it cannot win (TTA is taken at an evaluation);
 * ``projection``: even an optimistic projection of its TTA (its best accuracy so far, at the
@@ -34,6 +35,7 @@ class Rules:
     min_rung_s: float = 2.0       # first rung, in elapsed seconds
     min_peers: int = 3            # trials needed at a rung before it decides anything
     diverge_after: float = 0.5    # share of the schedule after which chance accuracy diverged
+    blowup_loss: float = 1e6      # validation loss (mean cross-entropy) that, at chance, diverged
     optimism: float = 2.0         # projection assumes progress this much faster than observed
     end_gain: float = 1.0         # accuracy the rest of a schedule can add: end_gain x sqrt(left)
     first_pace: float = 0.5       # the next evaluation: at least this share of the first interval
@@ -127,9 +129,13 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
     """The reason to stop this trial now, or None to let it go on."""
     if loss is not None and not math.isfinite(loss):
         return "diverged"
+    at_chance = bool(curve.values) and curve.values[-1] <= rules.chance * 1.5
+    # A loss past blowup_loss at chance: no recorded trial that came back from one reached the
+    # target (the highest loss any reaching trial showed was 3.2e4; BENCHMARKS.md).
+    if at_chance and loss is not None and loss > rules.blowup_loss:
+        return "diverged"
     progress = curve.progress[-1] if curve.progress else 0.0
-    if curve.values and progress >= rules.diverge_after \
-            and curve.values[-1] <= rules.chance * 1.5:
+    if at_chance and progress >= rules.diverge_after:
         return "diverged"
     if curve.reached_at is not None or not curve.times:
         return None
