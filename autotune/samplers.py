@@ -18,7 +18,7 @@ lands on a configuration the study already ran (8 of the first 32 trials), where
 lands farthest from them. More TPE did worse on both tables (TPE one trial in two: mean +14%
 and +23%), and TPE's own start-up tuning, multivariate TPE and local search around the best did
 not help. On the default table, recorded after these choices were made, the shipped sampler and
-pruner need 1.75 x less compute than random search (2.55 x on the table they were chosen on).
+pruner need 1.95 x less compute than random search (2.78 x on the table they were chosen on).
 
 Workers need no coordination beyond the study store: running trials count as tried, so two
 workers asking one after the other spread apart (each worker draws its own candidates).
