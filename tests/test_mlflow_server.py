@@ -55,11 +55,17 @@ def test_a_study_survives_mlflow_going_down_and_loses_no_record(mlflow_server, t
     assert parent.info.status == "FINISHED"
     for key in ("trials_reached", "trials_censored", "trials_failed", "compute_s"):
         assert key in parent.data.metrics
-    assert parent.data.metrics["best_tta_s"] == pytest.approx(study.best_value)
-    # The best trial's configuration, whichever trial it is, is tagged on the parent run.
-    best = study.best_trial
-    assert parent.data.metrics["best_trial"] == best.number
-    assert parent.data.tags["best.global_batch"] == str(best.user_attrs["params"]["global_batch"])
+    # The best trial's configuration, whichever trial it is, is tagged on the parent run (on a
+    # machine far below DESIGN.md's speed no trial may reach 97% top-1 within its 60 s).
+    reached = [t for t in study.trials if t.user_attrs.get("outcome") == "reached"]
+    if reached:
+        best = min(reached, key=lambda t: t.value)
+        assert parent.data.metrics["best_tta_s"] == pytest.approx(best.value)
+        assert parent.data.metrics["best_trial"] == best.number
+        assert parent.data.tags["best.global_batch"] == str(
+            best.user_attrs["params"]["global_batch"])
+    else:
+        assert "best_tta_s" not in parent.data.metrics
     parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"study_config.json", "search_space.json", "plots"} <= parent_files
     plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
