@@ -18,7 +18,7 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     storage = f"sqlite:///{tmp_path / 'a.db'}"
     mlruns = tmp_path / "mlruns"
     args = ["start", "study", "quickstart", "--storage", storage, "--tracking-uri", str(mlruns),
-            "--max-trial-seconds", "60"]
+            "--max-trial-seconds", "30"]
     first = run_cli(*args, "--n-trials", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     out = first.stdout
@@ -27,7 +27,7 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
 
     study = optuna.load_study(study_name="quickstart", storage=storage)
     trials = study.trials
-    # The warm start reaches 97% top-1 within its 60 s on a machine at DESIGN.md's speed; on a
+    # The warm start reaches 97% top-1 within its 30 s on a machine at DESIGN.md's speed; on a
     # slower one (these CPUs have run at a seventh of it) no trial may reach.
     reached = [t for t in trials if t.user_attrs["outcome"] == "reached"]
     best = min(reached, key=lambda t: t.value) if reached else None
