@@ -29,8 +29,8 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     trials = study.trials
     # The warm start reaches 97% top-1 within its 30 s on a machine at DESIGN.md's speed; on a
     # slower one (these CPUs have run at a seventh of it) no trial may reach.
-    reached = [t for t in trials if t.user_attrs["outcome"] == "reached"]
-    best = min(reached, key=lambda t: t.value) if reached else None
+    reaching = [t for t in trials if t.user_attrs["outcome"] == "reached"]
+    best = min(reaching, key=lambda t: t.value) if reaching else None
     if best is not None:
         assert f"best: trial {best.number}" in out
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
