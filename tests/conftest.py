@@ -36,6 +36,14 @@ def postgres():
     server.close()
 
 
+@pytest.fixture(autouse=True)
+def _drop_test_databases(request: pytest.FixtureRequest):
+    """A test's PostgreSQL databases are dropped when it ends, not when the session does."""
+    yield
+    if "postgres" in request.fixturenames:
+        request.getfixturevalue("postgres").drop_databases()
+
+
 @pytest.fixture
 def mlflow_server(postgres, tmp_path):
     """A real `mlflow server` on a fresh PostgreSQL database, stopped after the test."""

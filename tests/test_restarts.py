@@ -73,6 +73,7 @@ def run_through_an_outage(url, tmp_path, outage):
                 worker = autotune("worker", "--server", address, "--study", "restart",
                                   cwd=tmp_path)
             if trials and len(trials[0].user_attrs.get("curve", [])) >= 3:
+                before = len(trials[0].user_attrs["curve"])
                 break
             time.sleep(0.2)
         else:
@@ -98,12 +99,15 @@ def run_through_an_outage(url, tmp_path, outage):
     trial = trials[0]
     assert trial.state.name == "COMPLETE"
     assert trial.user_attrs["outcome"] == "censored"
-    assert trial.user_attrs["stop_reason"] == "max_seconds"    # ran to its end, not lost
+    # Ran to its end, not lost: its time cap, or its schedule's last epoch on a fast machine.
+    assert trial.user_attrs["stop_reason"] in ("max_seconds", "planned_epochs")
     # Every evaluation once, in order: none lost while the store was away, none doubled.
     curve = trial.user_attrs["curve"]
     assert sorted(trial.intermediate_values) == list(range(len(curve)))
     assert [row[0] for row in curve] == sorted(row[0] for row in curve)
-    assert curve[-1][0] >= 20.0
+    assert len(curve) >= before + 3                     # it went on training through it
+    if trial.user_attrs["stop_reason"] == "max_seconds":
+        assert curve[-1][0] >= 20.0
     registry = Registry(url, create=False)
     attempts = registry.attempts("restart")
     workers = registry.workers("restart")
