@@ -18,14 +18,27 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
-__all__ = ["PostgresServer", "MlflowServer", "autotune", "free_port", "wait_for_port"]
+__all__ = ["MlflowServer", "PostgresServer", "autotune", "free_port", "one_storage",
+           "wait_for_port"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def one_storage(url: str) -> Any:
+    """One Optuna storage for a test to poll a study through: ``optuna.load_study`` with a URL
+    builds a new engine each call, whose pooled connection lingers until garbage collection,
+    and a test polling five times a second held dozens of PostgreSQL connections."""
+    import optuna
+
+    from autotune.config import database_url
+
+    return optuna.storages.RDBStorage(database_url(url), engine_kwargs={"pool_pre_ping": True})
 
 
 def _as_postgres_user(command: list[str]) -> list[str]:

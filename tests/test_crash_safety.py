@@ -17,10 +17,9 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from autotune.config import database_url
 from autotune.db import Registry
 
-from ._services import autotune, free_port, wait_for_port
+from ._services import autotune, free_port, one_storage, wait_for_port
 from .conftest import run_cli
 
 pytestmark = pytest.mark.postgres
@@ -67,7 +66,7 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_on_the_other_worker(
         address = f"127.0.0.1:{port}"
         study = autotune("start", "study", str(study_file(tmp_path)), "--storage",
                          f"autotune://{address}", "--workers", "0", cwd=tmp_path)
-        storage = database_url(url)
+        storage = one_storage(url)        # polled: one engine, not one per poll
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:

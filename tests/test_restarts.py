@@ -10,10 +10,9 @@ import optuna
 import pytest
 import yaml
 
-from autotune.config import database_url
 from autotune.db import Registry
 
-from ._services import PostgresServer, autotune, free_port, wait_for_port
+from ._services import PostgresServer, autotune, free_port, one_storage, wait_for_port
 
 pytestmark = pytest.mark.postgres
 
@@ -51,7 +50,7 @@ def feasible(study):
 def run_through_an_outage(url, tmp_path, outage):
     """A 1-trial study on a server and one worker; ``outage()`` is called after the trial's
     third evaluation. Returns the study's trial."""
-    storage = database_url(url)
+    storage = one_storage(url)        # polled: one engine, not one per poll
     port = free_port()
     server = autotune("server", "--storage", url, "--port", str(port), cwd=tmp_path)
     servers = [server]

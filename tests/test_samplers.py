@@ -11,8 +11,8 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune._spread import distance, draw, farthest
-from autotune.samplers import ExploringTPESampler, SpreadSampler
+from autotune._spread import distance, draw, farthest, nearby_cost
+from autotune.samplers import ExploringTPESampler, SpreadSampler, planned_seconds
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -70,6 +70,63 @@ def test_the_farthest_candidate_is_kept():
     gap = min(distance(SPACE, point, t) for t in tried)
     assert gap > 0.75
     assert farthest(SPACE, [], random.Random(1), 64) == farthest(SPACE, [], random.Random(1), 1)
+
+
+def test_nearby_cost_is_the_geometric_mean_of_the_nearest_known_costs():
+    assert nearby_cost([0.1, 0.2, 0.3, 0.9], [4.0, None, 16.0, 1000.0], 2) == pytest.approx(8.0)
+    assert nearby_cost([0.5], [7.0], 3) == pytest.approx(7.0)        # fewer than asked: those
+    assert nearby_cost([0.1, 0.2], [None, None], 3) is None
+
+
+LINE = {"x": FloatDistribution(0.0, 1.0)}
+
+
+def test_of_two_equally_empty_regions_the_one_among_cheap_trials_wins():
+    # Tried: x = 0 (a 100 s schedule) and x = 1 (a 1 s one); the emptiest points are around
+    # x = 0.5 on either side. Plain maximin picks a side by chance; weighed by cost, the
+    # candidate kept is on the cheap side every time.
+    tried, costs = [{"x": 0.0}, {"x": 1.0}], [100.0, 1.0]
+    weighed = [farthest(LINE, tried, random.Random(s), 16, costs=costs, cost_weight=1.0,
+                        neighbours=1)["x"] for s in range(20)]
+    plain = [farthest(LINE, tried, random.Random(s), 16)["x"] for s in range(20)]
+    assert min(weighed) > 0.5
+    assert 0 < sum(x > 0.5 for x in plain) < 20
+    assert farthest(LINE, tried, random.Random(3), 16, costs=costs, cost_weight=0.0) == \
+        farthest(LINE, tried, random.Random(3), 16)                  # weight 0: plain maximin
+    with pytest.raises(ValueError, match="1 costs for 2 tried points"):
+        farthest(LINE, tried, random.Random(0), 4, costs=[1.0], cost_weight=1.0)
+
+
+def _trial_with_curve(x: float, curve: list[list[float]],
+                      outcome: str) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(params={"x": x}, distributions=LINE, value=curve[-1][0],
+                                     user_attrs={"curve": curve, "outcome": outcome})
+
+
+def test_a_trials_planned_duration_comes_from_its_last_evaluation():
+    # rows: [elapsed_s, top1, top5, progress, loss]; a quarter of the schedule in 10 s
+    assert planned_seconds(_trial_with_curve(0.5, [[4.0, 0.2, 0.6, 0.1, 2.0],
+                                                   [10.0, 0.5, 0.9, 0.25, 1.0]],
+                                             "censored")) == pytest.approx(40.0)
+    assert planned_seconds(_trial_with_curve(0.5, [[3.0, 0.1, 0.5, 0.0, 2.0]], "failed")) is None
+    assert planned_seconds(optuna.trial.create_trial(params={"x": 0.5}, distributions=LINE,
+                                                     value=1.0)) is None
+
+
+def test_a_failed_neighbour_counts_failed_cost_times_its_duration():
+    # x = 0 diverged after a 10 s schedule's first evaluation; x = 1 ran a 20 s schedule. At
+    # face value the diverged side is the cheaper; counted 4 x (40 s) it is the dearer.
+    def next_x(failed_cost: float, seed: int) -> float:
+        study = optuna.create_study(sampler=SpreadSampler(seed=seed, candidates=16,
+                                                          cost_weight=1.0, neighbours=1,
+                                                          failed_cost=failed_cost))
+        study.add_trial(_trial_with_curve(0.0, [[1.0, 0.1, 0.5, 0.1, 1e9]], "failed"))
+        study.add_trial(_trial_with_curve(1.0, [[20.0, 0.9, 1.0, 1.0, 0.3]], "censored"))
+        trial = study.ask()
+        return trial.suggest_float("x", 0.0, 1.0)
+
+    assert all(next_x(4.0, seed) > 0.5 for seed in range(10))
+    assert all(next_x(1.0, seed) < 0.5 for seed in range(10))
 
 
 def test_which_sampler_draws_each_trial():
@@ -137,3 +194,9 @@ def test_bad_settings_are_refused():
         ExploringTPESampler(n_startup_trials=-1)
     with pytest.raises(ValueError, match="candidates"):
         SpreadSampler(candidates=0)
+    with pytest.raises(ValueError, match="cost_weight"):
+        SpreadSampler(cost_weight=-0.5)
+    with pytest.raises(ValueError, match="failed_cost"):
+        ExploringTPESampler(failed_cost=0.0)
+    with pytest.raises(ValueError, match="neighbours"):
+        SpreadSampler(neighbours=0)

@@ -12,7 +12,7 @@ import pytest
 
 from autotune.config import database_url
 
-from ._services import autotune, free_port, wait_for_port
+from ._services import autotune, free_port, one_storage, wait_for_port
 from .conftest import ROOT
 
 pytestmark = pytest.mark.postgres
@@ -71,7 +71,7 @@ def test_a_worker_for_an_unknown_study_is_one_line(tmp_path):
 def test_sigterm_checkpoints_the_running_trial_and_another_worker_resumes_it(postgres,
                                                                              tmp_path):
     url = postgres.database()
-    storage = database_url(url)
+    storage = one_storage(url)        # polled: one engine, not one per poll
     study = autotune("start", "study", "quickstart", "--storage", url, "--workers", "0",
                      "--n-trials", "1", "--max-trial-seconds", "60", "--no-warm-start",
                      "--seed", "3", cwd=tmp_path)
