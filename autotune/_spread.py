@@ -1,5 +1,6 @@
 """Space-filling proposals, as pure functions: draw candidates, keep the one farthest from
-every configuration the study has tried (greedy maximin).
+every configuration the study has tried (greedy maximin), optionally discounted by what the
+tried configurations nearest to it cost.
 
 Distances are taken in the unit cube of the search space: each numeric parameter scaled to
 [0, 1] over its range (log range for a log parameter), a categorical one 0 when equal, 1 when
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import (
@@ -20,7 +21,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-__all__ = ["distance", "draw", "farthest", "unit"]
+__all__ = ["distance", "draw", "farthest", "nearby_cost", "unit"]
 
 
 def unit(dist: BaseDistribution, value: Any) -> float | None:
@@ -69,18 +70,42 @@ def draw(dist: BaseDistribution, rng: random.Random) -> Any:
     return int(round(value)) if isinstance(dist, IntDistribution) else float(value)
 
 
+def nearby_cost(distances: Sequence[float], costs: Sequence[float | None],
+                neighbours: int) -> float | None:
+    """The geometric mean of the costs of the ``neighbours`` nearest points whose cost is known
+    (``distances[i]`` and ``costs[i]`` are point i's); None when no cost is known."""
+    known = sorted((d, c) for d, c in zip(distances, costs, strict=True)
+                   if c is not None and c > 0)[:max(neighbours, 1)]
+    if not known:
+        return None
+    return math.exp(sum(math.log(c) for _, c in known) / len(known))
+
+
 def farthest(space: Mapping[str, BaseDistribution], tried: Iterable[Mapping[str, Any]],
-             rng: random.Random, candidates: int) -> dict[str, Any]:
+             rng: random.Random, candidates: int, costs: Sequence[float | None] | None = None,
+             cost_weight: float = 0.0, neighbours: int = 3) -> dict[str, Any]:
     """Of ``candidates`` uniform draws from ``space``, the one whose nearest tried point is the
-    farthest away (the first draw when nothing was tried)."""
+    farthest away (the first draw when nothing was tried).
+
+    With ``costs`` (one per tried point, None where unknown) and ``cost_weight`` w > 0, a draw's
+    gap is divided by ``nearby_cost`` ** w: of two draws equally far from what was tried, the
+    one among cheaper configurations wins, so a study spends its trials where they are short.
+    """
     points = list(tried)
+    if costs is not None and len(costs) != len(points):
+        raise ValueError(f"{len(costs)} costs for {len(points)} tried points")
     best: dict[str, Any] = {}
-    best_gap = -1.0
+    best_score = -1.0
     for _ in range(max(candidates, 1)):
         point = {name: draw(dist, rng) for name, dist in space.items()}
-        gap = min((distance(space, point, p) for p in points), default=math.inf)
-        if gap > best_gap:
-            best, best_gap = point, gap
+        gaps = [distance(space, point, p) for p in points]
+        score = min(gaps, default=math.inf)
+        if costs is not None and cost_weight > 0 and points:
+            cost = nearby_cost(gaps, costs, neighbours)
+            if cost is not None:
+                score /= cost ** cost_weight
+        if score > best_score:
+            best, best_score = point, score
         if not points:
             break
     return best

@@ -1,24 +1,28 @@
-"""autotune's sampler: space-filling proposals, with TPE for a share of them after a start.
+"""autotune's sampler: cost-aware spread points, with TPE for a share of them after a start.
 
 With time-to-accuracy pruning a losing trial costs little (it stops at the best TTA so far,
 often at its first evaluations), so covering the space is cheap, while TPE settles on the
 first good region it finds and proposes its neighbours again and again. So the first
 ``n_startup_trials`` trials, and after them all but every ``tpe_every``-th, are spread points:
 of ``candidates`` uniform draws, the one farthest from every configuration the study has tried
-or is trying (greedy maximin, in the unit cube of the search space: ``_spread``). TPE (with
-Optuna 5's constraints, so censored and failed trials count) proposes the rest, which keeps
-some refinement near the best configurations for long studies.
+or is trying (greedy maximin, in the unit cube of the search space: ``_spread``), that distance
+divided by the square root (``cost_weight``) of what the nearest tried configurations cost: the
+geometric mean planned duration of the 3 nearest, a configuration that failed (diverged, out of
+memory) counted 4 x (``failed_cost``). Every trial's curve gives its planned duration (elapsed
+seconds over the share of its schedule done), pruned or not, and a TTA can never exceed it: of
+two equally unexplored regions, the study first tries the one whose neighbours are quick. TPE
+(with Optuna 5's constraints, so censored and failed trials count) proposes the rest, which
+keeps some refinement near the best configurations for long studies.
 
-How it was chosen (``benchmarks/search_efficiency.py``, 200 replayed studies on each of the two
-tables recorded then, now ``quickstart_curves_205img_s.jsonl`` and
-``quickstart_curves_per_epoch.jsonl``; BENCHMARKS.md): against the earlier scrambled Sobol
-start (32 points, then TPE alternating with Sobol), spread points cut the median compute to the
-goal by 13% and 18% and the mean by a quarter to a third: in the replay a Sobol point often
-lands on a configuration the study already ran (8 of the first 32 trials), where a spread point
-lands farthest from them. More TPE did worse on both tables (TPE one trial in two: mean +14%
-and +23%), and TPE's own start-up tuning, multivariate TPE and local search around the best did
-not help. On the default table, recorded after these choices were made, the shipped sampler and
-pruner need 1.95 x less compute than random search (2.78 x on the table they were chosen on).
+How it was chosen (``benchmarks/search_efficiency.py``; BENCHMARKS.md has the figures): spread
+points beat a scrambled Sobol start (in the replay a Sobol point often lands on a configuration
+the study already ran), and more TPE, TPE's own start-up tuning, multivariate TPE and local
+search around the best did worse. Cost-aware spread points need fewer trials than plain ones on
+all three recorded tables (1000 replayed studies each); without the failed-trial guard they pull
+toward large batches, which diverge on the slower machine's table. TPE after the start leaves
+the medians as they are (a median study finds the goal within its first 32 trials) and adds to
+the means in the replay, where refining a good configuration returns its recorded curve again;
+in a real study it tunes near the best.
 
 Workers need no coordination beyond the study store: running trials count as tried, so two
 workers asking one after the other spread apart (each worker draws its own candidates).
@@ -36,21 +40,49 @@ from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import FrozenTrial, TrialState
 
 from ._spread import farthest
+from .pruners import CURVE_KEY, OUTCOME_KEY
 
-__all__ = ["ExploringTPESampler", "SpreadSampler"]
+__all__ = ["ExploringTPESampler", "SpreadSampler", "planned_seconds"]
 
 _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 
 
-class SpreadSampler(optuna.samplers.BaseSampler):
-    """Each point the farthest of ``candidates`` uniform draws from the configurations the study
-    has tried (complete, pruned) or is trying (running, in any worker). Parameters that not every
-    trial has (conditional ones), and those of the first trial, are drawn at random."""
+def planned_seconds(trial: FrozenTrial) -> float | None:
+    """How long ``trial``'s whole schedule takes, from its last evaluation: elapsed seconds over
+    the share of the planned schedule done (None before a first evaluation). Known for pruned
+    and reached trials too, not only for those that trained to their end."""
+    curve = trial.user_attrs.get(CURVE_KEY) or []
+    if not curve:
+        return None
+    try:
+        elapsed, progress = float(curve[-1][0]), float(curve[-1][3])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return elapsed / progress if progress > 0 and elapsed > 0 else None
 
-    def __init__(self, seed: int | None = None, candidates: int = 8) -> None:
+
+class SpreadSampler(optuna.samplers.BaseSampler):
+    """Each point the best of ``candidates`` uniform draws: farthest from the configurations the
+    study has tried (complete, pruned) or is trying (running, in any worker), that distance
+    divided by (the geometric mean planned duration of the ``neighbours`` nearest tried trials)
+    ** ``cost_weight``. A trial that failed for its configuration (diverged, out of memory)
+    counts ``failed_cost`` times its planned duration, so the study keeps away from regions that
+    only look cheap because their trials blow up early. ``cost_weight=0``: plain maximin.
+    Parameters that not every trial has (conditional ones), and those of the first trial, are
+    drawn at random."""
+
+    def __init__(self, seed: int | None = None, candidates: int = 8, cost_weight: float = 0.5,
+                 failed_cost: float = 4.0, neighbours: int = 3) -> None:
         if candidates < 1:
             raise ValueError(f"candidates must be >= 1, got {candidates}")
+        if cost_weight < 0:
+            raise ValueError(f"cost_weight must be >= 0, got {cost_weight}")
+        if failed_cost <= 0:
+            raise ValueError(f"failed_cost must be > 0, got {failed_cost}")
+        if neighbours < 1:
+            raise ValueError(f"neighbours must be >= 1, got {neighbours}")
         self.candidates = candidates
+        self.cost_weight, self.failed_cost, self.neighbours = cost_weight, failed_cost, neighbours
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._space = IntersectionSearchSpace(include_pruned=True)
@@ -60,13 +92,21 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         return {name: dist for name, dist in self._space.calculate(study).items()
                 if not dist.single()}
 
+    def _cost(self, trial: FrozenTrial) -> float | None:
+        seconds = planned_seconds(trial)
+        if seconds is not None and trial.user_attrs.get(OUTCOME_KEY) == "failed":
+            seconds *= self.failed_cost
+        return seconds
+
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space:
             return {}
-        tried = [t.params for t in study.get_trials(deepcopy=False, states=_TRIED)
+        tried = [t for t in study.get_trials(deepcopy=False, states=_TRIED)
                  if t.number != trial.number]
-        return farthest(search_space, tried, self._rng, self.candidates)
+        costs = [self._cost(t) for t in tried] if self.cost_weight > 0 else None
+        return farthest(search_space, [t.params for t in tried], self._rng, self.candidates,
+                        costs=costs, cost_weight=self.cost_weight, neighbours=self.neighbours)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -82,7 +122,8 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
     all but every ``tpe_every``-th trial (0: never TPE); TPE for those."""
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 32,
-                 tpe_every: int = 4, candidates: int = 8) -> None:
+                 tpe_every: int = 4, candidates: int = 8, cost_weight: float = 0.5,
+                 failed_cost: float = 4.0) -> None:
         """``seed``: every draw's (a worker without one draws its own)."""
         if tpe_every < 0:
             raise ValueError(f"tpe_every must be >= 0, got {tpe_every}")
@@ -90,7 +131,8 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
             raise ValueError(f"n_startup_trials must be >= 0, got {n_startup_trials}")
         self._tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
         self._spread = SpreadSampler(seed=None if seed is None else seed + 7919,
-                                     candidates=candidates)
+                                     candidates=candidates, cost_weight=cost_weight,
+                                     failed_cost=failed_cost)
         self.n_startup_trials = n_startup_trials
         self.tpe_every = tpe_every
 

@@ -1,7 +1,7 @@
 """Search efficiency: how much compute each tuner spends to find a fast configuration.
 
     python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 60] [--resume] [--out F]
-    python benchmarks/search_efficiency.py compare [--seeds 200]
+    python benchmarks/search_efficiency.py compare [--seeds 1000] [--jobs N] [--table F]
     python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300] [--table F]
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--proposals random]
 
@@ -26,7 +26,8 @@ evaluations up to the moment a pruner stops it; each trial also pays its recorde
 (in a table recorded in warm trainer ranks, as workers run trials now, the hand-over and
 set-up, and the ranks' launch once a study; in the per-epoch table, recorded before, a launch
 at every trial). Methods: autotune (its sampler: spread points, each the farthest of 8 draws
-from the configurations tried, TPE with constraints for one trial in four after the first 32;
+from the configurations tried, discounted where those nearest plan long schedules or failed, TPE
+with constraints for one trial in four after the first 32;
 and the TimeToAccuracyPruner), TPE + MedianPruner and TPE +
 SuccessiveHalvingPruner (both on epoch steps: they report and may prune at the first
 evaluation after each epoch ends), TPE without pruning, random search without pruning. The
@@ -36,8 +37,10 @@ recorded trial), and pruned trials as PRUNED.
 Metric: compute seconds spent until a trial has reached the target within 10% of the best TTA
 in the table (median over seeds), and the best TTA found within a fixed compute budget. The
 median of 20 studies swings widely (random_ratio from 1.0 to 2.7 between blocks of 20 seeds
-on the default table, 1.5 to 5.1 on the 205 img/s one), so ``compare`` replays 200 by default
-and prints the ratio's range over its blocks of 20 seeds.
+on the default table, 1.5 to 5.1 on the 205 img/s one), and even the median of 200 moved by up
+to 15% with other seeds, so ``compare`` replays 1000 studies a method by default (on a process
+a CPU core), and prints the ratio's range over its blocks of 20 seeds and a 90% bootstrap
+interval of random_ratio and tpe_median_ratio.
 The last line: ``autotune_median_s=X random_ratio=R tpe_median_ratio=T tpe_sha_ratio=S
 tpe_nopruning_ratio=U``, each ratio a method's median compute over autotune's.
 """
@@ -47,6 +50,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
+import os
+import random
 import statistics
 import sys
 import warnings
@@ -363,7 +369,20 @@ class Replay:
 METHODS = ("autotune", "tpe_median", "tpe_sha", "tpe_nopruning", "random")
 
 
-def compare(seeds: int, path: Path | None = None) -> None:
+_TABLES: dict[Path | None, list[dict[str, Any]]] = {}
+
+
+def _replay_outcome(job: tuple[str, int, Path | None]) -> tuple[float, bool, float]:
+    """One replayed study (in a pool worker): compute to the goal, whether it found the goal,
+    the best TTA within the budget."""
+    method, seed, path = job
+    if path not in _TABLES:
+        _TABLES[path] = load_table(path)
+    replay = Replay(method, seed, _TABLES[path]).run()
+    return replay.to_goal, replay.found_at is not None, replay.best_in_budget
+
+
+def compare(seeds: int, path: Path | None = None, jobs: int | None = None) -> None:
     table = load_table(path)
     best = min(r["reached_at"] for r in table if r["reached_at"] is not None)
     reached = sum(r["reached_at"] is not None for r in table)
@@ -374,15 +393,17 @@ def compare(seeds: int, path: Path | None = None) -> None:
           f"best TTA {best:.2f} s; goal: TTA <= {1.1 * best:.2f} s{machine}")
     medians: dict[str, float] = {}
     spent_by: dict[str, list[float]] = {}
-    for method in METHODS:
-        runs = [Replay(method, seed, table).run() for seed in range(seeds)]
-        spent = spent_by[method] = [r.to_goal for r in runs]
-        misses = sum(r.found_at is None for r in runs)
-        medians[method] = statistics.median(spent)
-        in_budget = statistics.median(r.best_in_budget for r in runs)
-        print(f"{method:14s} median compute to goal {medians[method]:8.1f} s  "
-              f"(p25 {_q(spent, 0.25):7.1f}, p75 {_q(spent, 0.75):7.1f}; {misses} of {seeds} "
-              f"never found it)  median best TTA within {BUDGET_S:.0f} s: {in_budget:.2f} s")
+    with multiprocessing.Pool(jobs) as pool:
+        for method in METHODS:
+            runs = pool.map(_replay_outcome, [(method, seed, path) for seed in range(seeds)])
+            spent = spent_by[method] = [to_goal for to_goal, _, _ in runs]
+            misses = sum(not found for _, found, _ in runs)
+            medians[method] = statistics.median(spent)
+            in_budget = statistics.median(best for _, _, best in runs)
+            print(f"{method:14s} median compute to goal {medians[method]:8.1f} s  (p25 "
+                  f"{_q(spent, 0.25):7.1f}, p75 {_q(spent, 0.75):7.1f}; {misses} of {seeds} "
+                  f"never found it)  median best TTA within {BUDGET_S:.0f} s: {in_budget:.2f} s",
+                  flush=True)
     base = medians["autotune"]
     if seeds >= 40:
         blocks = [statistics.median(spent_by["random"][i:i + 20])
@@ -390,6 +411,10 @@ def compare(seeds: int, path: Path | None = None) -> None:
                   for i in range(0, seeds - 19, 20)]
         print(f"random_ratio over blocks of 20 seeds: {min(blocks):.2f} to {max(blocks):.2f} "
               f"(median {statistics.median(blocks):.2f})")
+        for other in ("random", "tpe_median"):
+            low, high = ratio_interval(spent_by[other], spent_by["autotune"])
+            print(f"{other}_ratio 90% bootstrap interval over the {seeds} seeds: "
+                  f"{low:.2f} to {high:.2f}")
     print(f"autotune_median_s={base:.1f} random_ratio={medians['random'] / base:.2f} "
           f"tpe_median_ratio={medians['tpe_median'] / base:.2f} "
           f"tpe_sha_ratio={medians['tpe_sha'] / base:.2f} "
@@ -503,6 +528,17 @@ def _replay_in_budget(method: str, seed: int, table: list[dict[str, Any]],
     return replay
 
 
+def ratio_interval(spent: list[float], base: list[float], resamples: int = 1000,
+                   seed: int = 0) -> tuple[float, float]:
+    """The 5th and 95th percentiles of median(spent) / median(base) over bootstrap resamples of
+    the seeds (each list resampled on its own): how far the ratio could move with other seeds."""
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(spent, k=len(spent)))
+                    / statistics.median(rng.choices(base, k=len(base)))
+                    for _ in range(resamples))
+    return _q(ratios, 0.05), _q(ratios, 0.95)
+
+
 def _q(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -521,7 +557,9 @@ def main() -> None:
     rec.add_argument("--out", type=Path, default=None,
                      help=f"the table to write (default: {DATA.relative_to(ROOT)})")
     cmp = sub.add_parser("compare", help="replay studies of each method on the recorded curves")
-    cmp.add_argument("--seeds", type=int, default=200, help="studies per method")
+    cmp.add_argument("--seeds", type=int, default=1000, help="studies per method")
+    cmp.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                     help="processes replaying studies (default: one a CPU core)")
     cmp.add_argument("--table", type=Path, default=None,
                      help="another recorded table, e.g. benchmarks/data/"
                           "quickstart_curves_205img_s.jsonl (default: quickstart_curves.jsonl)")
@@ -537,7 +575,7 @@ def main() -> None:
                     help="the table recorded on this machine (its goal, and the replay's "
                          "prediction)")
     args = parser.parse_args()
-    for name in ("seeds", "n", "budget", "max_seconds"):
+    for name in ("seeds", "n", "budget", "max_seconds", "jobs"):
         if getattr(args, name, 1) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got "
                          f"{getattr(args, name)}")
@@ -548,7 +586,7 @@ def main() -> None:
     elif args.command == "live":
         live(args.seeds, args.budget, args.table)
     else:
-        compare(args.seeds, args.table)
+        compare(args.seeds, args.table, args.jobs)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,18 @@ def test_record_trains_each_configuration_in_the_same_warm_ranks(tmp_path, monke
         assert row["warm_ranks"] is True and row["curve"] and row["elapsed_s"] >= 3.0
         assert row["end_reason"] in ("max_seconds", "planned_epochs")
         assert row["overhead_s"] > 0 and row["launch_s"] > 0 and row["machine_img_s"] > 0
+
+
+def test_the_ratio_interval_brackets_the_ratio_and_narrows_with_more_seeds():
+    rng = random.Random(4)
+
+    def draws(mean: float, n: int) -> list[float]:
+        return [rng.expovariate(1 / mean) for _ in range(n)]
+
+    few = se.ratio_interval(draws(400.0, 40), draws(200.0, 40))
+    many = se.ratio_interval(draws(400.0, 2000), draws(200.0, 2000))
+    assert few[0] < 2.0 < few[1]                  # the true ratio of the medians: 2
+    assert 1.7 < many[0] < 2.1 and 1.9 < many[1] < 2.4    # within about 10% of 2
+    assert many[1] - many[0] < 0.5 * (few[1] - few[0])
+    same = draws(300.0, 200)
+    assert se.ratio_interval(same, same, seed=1) == se.ratio_interval(same, same, seed=1)
