@@ -4,13 +4,14 @@ With time-to-accuracy pruning a losing trial costs little (it stops at the best 
 often at its first evaluations), so covering the space is cheap, while TPE settles on the
 first good region it finds and proposes its neighbours again and again. So the first
 ``n_startup_trials`` trials, and after them all but every ``tpe_every``-th, are spread points:
-of ``candidates`` uniform draws, the one farthest from every configuration the study has tried
-or is trying (greedy maximin, in the unit cube of the search space: ``_spread``), that distance
-divided by the square root (``cost_weight``) of what the nearest tried configurations cost: the
-geometric mean planned duration of the 3 nearest, a configuration that failed (diverged, out of
-memory) counted 4 x (``failed_cost``). Every trial's curve gives its planned duration (elapsed
-seconds over the share of its schedule done), pruned or not, and a TTA can never exceed it: of
-two equally unexplored regions, the study first tries the one whose neighbours are quick. TPE
+of ``candidates`` uniform draws, the one with the largest distance to the nearest configuration
+the study has tried or is trying (greedy maximin, in the unit cube of the search space:
+``_spread``) divided by the square root (``cost_weight``) of what the tried configurations
+nearest to it cost: their geometric mean planned duration, of the 3 nearest, one that failed
+(diverged, out of memory) counted 4 x (``failed_cost``). Every trial's curve gives its planned
+duration (elapsed seconds over the share of its schedule done), pruned or not, and a TTA can
+never exceed it: of two equally unexplored regions, the study first tries the one whose
+neighbours are quick. TPE
 (with Optuna 5's constraints, so censored and failed trials count) proposes the rest, which
 keeps some refinement near the best configurations for long studies.
 
@@ -18,11 +19,12 @@ How it was chosen (``benchmarks/search_efficiency.py``; BENCHMARKS.md has the fi
 points beat a scrambled Sobol start (in the replay a Sobol point often lands on a configuration
 the study already ran), and more TPE, TPE's own start-up tuning, multivariate TPE and local
 search around the best did worse. Cost-aware spread points need fewer trials than plain ones on
-all three recorded tables (1000 replayed studies each); without the failed-trial guard they pull
-toward large batches, which diverge on the slower machine's table. TPE after the start leaves
-the medians as they are (a median study finds the goal within its first 32 trials) and adds to
-the means in the replay, where refining a good configuration returns its recorded curve again;
-in a real study it tunes near the best.
+all three recorded tables (1000 replayed studies each), the more so the more candidates they
+weigh (8, 16, 32, 64; plain spread points gain nothing from 16); without the failed-trial guard
+they pull toward large batches, which diverge on the slower machine's table. TPE after the
+start leaves the medians as they are (a median study finds the goal within its first 32
+trials) and adds to the means in the replay, where refining a good configuration returns its
+recorded curve again; in a real study it tunes near the best.
 
 Workers need no coordination beyond the study store: running trials count as tried, so two
 workers asking one after the other spread apart (each worker draws its own candidates).
@@ -71,7 +73,7 @@ class SpreadSampler(optuna.samplers.BaseSampler):
     Parameters that not every trial has (conditional ones), and those of the first trial, are
     drawn at random."""
 
-    def __init__(self, seed: int | None = None, candidates: int = 8, cost_weight: float = 0.5,
+    def __init__(self, seed: int | None = None, candidates: int = 64, cost_weight: float = 0.5,
                  failed_cost: float = 4.0, neighbours: int = 3) -> None:
         if candidates < 1:
             raise ValueError(f"candidates must be >= 1, got {candidates}")
@@ -122,7 +124,7 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
     all but every ``tpe_every``-th trial (0: never TPE); TPE for those."""
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 32,
-                 tpe_every: int = 4, candidates: int = 8, cost_weight: float = 0.5,
+                 tpe_every: int = 4, candidates: int = 64, cost_weight: float = 0.5,
                  failed_cost: float = 4.0) -> None:
         """``seed``: every draw's (a worker without one draws its own)."""
         if tpe_every < 0:

@@ -25,9 +25,9 @@ configuration trains as its nearest recorded one, and its training returns the r
 evaluations up to the moment a pruner stops it; each trial also pays its recorded overhead
 (in a table recorded in warm trainer ranks, as workers run trials now, the hand-over and
 set-up, and the ranks' launch once a study; in the per-epoch table, recorded before, a launch
-at every trial). Methods: autotune (its sampler: spread points, each the farthest of 8 draws
-from the configurations tried, discounted where those nearest plan long schedules or failed, TPE
-with constraints for one trial in four after the first 32;
+at every trial). Methods: autotune (its sampler: spread points, each the best of 64 draws:
+far from the configurations tried, discounted where those nearest plan long schedules or failed;
+TPE with constraints for one trial in four after the first 32;
 and the TimeToAccuracyPruner), TPE + MedianPruner and TPE +
 SuccessiveHalvingPruner (both on epoch steps: they report and may prune at the first
 evaluation after each epoch ends), TPE without pruning, random search without pruning. The
