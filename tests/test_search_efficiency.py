@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "search_efficiency.py"
 _spec = importlib.util.spec_from_file_location("search_efficiency", _PATH)
 se = importlib.util.module_from_spec(_spec)
+sys.modules["search_efficiency"] = se          # compare's worker processes unpickle from it
 _spec.loader.exec_module(se)
 
 CONFIGS = [{"global_batch": 64 * (i + 1), "lr_per_256": 0.1, "warmup_epochs": 0.0,
@@ -119,3 +121,21 @@ def test_the_ratio_interval_brackets_the_ratio_and_narrows_with_more_seeds():
     assert many[1] - many[0] < 0.5 * (few[1] - few[0])
     same = draws(300.0, 200)
     assert se.ratio_interval(same, same, seed=1) == se.ratio_interval(same, same, seed=1)
+
+
+def test_compare_replays_every_method_in_worker_processes_and_ends_with_the_ratios(tmp_path,
+                                                                                   capsys):
+    fast = [[2.0 * k, 0.1 + 0.12 * k, 0.9, k / 8, 1.0] for k in range(1, 9)]     # 97% at 16 s
+    slow = [[2.0 * k, 0.1 + 0.05 * k, 0.9, k / 8, 1.0] for k in range(1, 9)]
+    rows = [{"params": {**c, "decay": "cosine"}, "curve": fast if i == 0 else slow,
+             "reached_at": 16.0 if i == 0 else None, "end_reason": "planned_epochs",
+             "elapsed_s": 16.0, "overhead_s": 0.5, "epochs": 4} for i, c in enumerate(CONFIGS)]
+    table = tmp_path / "table.jsonl"
+    table.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    se.compare(seeds=2, path=table, jobs=2)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines[1:6]] == list(se.METHODS)
+    last = dict(field.split("=") for field in lines[-1].split())
+    assert list(last) == ["autotune_median_s", "random_ratio", "tpe_median_ratio",
+                          "tpe_sha_ratio", "tpe_nopruning_ratio"]
+    assert all(float(v) > 0 for v in last.values())
