@@ -33,6 +33,7 @@ workers asking one after the other spread apart (each worker draws its own candi
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,8 +69,9 @@ class SpreadSampler(optuna.samplers.BaseSampler):
     study has tried (complete, pruned) or is trying (running, in any worker), that distance
     divided by (the geometric mean planned duration of the ``neighbours`` nearest tried trials)
     ** ``cost_weight``. A trial that failed for its configuration (diverged, out of memory)
-    counts ``failed_cost`` times its planned duration, so the study keeps away from regions that
-    only look cheap because their trials blow up early. ``cost_weight=0``: plain maximin.
+    counts ``failed_cost`` times its planned duration (times the median one when it failed
+    before a first evaluation), so the study keeps away from regions that only look cheap
+    because their trials blow up early. ``cost_weight=0``: plain maximin.
     Parameters that not every trial has (conditional ones), and those of the first trial, are
     drawn at random."""
 
@@ -94,11 +96,20 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         return {name: dist for name, dist in self._space.calculate(study).items()
                 if not dist.single()}
 
-    def _cost(self, trial: FrozenTrial) -> float | None:
-        seconds = planned_seconds(trial)
-        if seconds is not None and trial.user_attrs.get(OUTCOME_KEY) == "failed":
-            seconds *= self.failed_cost
-        return seconds
+    def _costs(self, tried: list[FrozenTrial]) -> list[float | None]:
+        """Each tried trial's cost: its planned duration, ``failed_cost`` times that for one
+        that failed for its configuration; one that failed before a first evaluation (out of
+        memory at its first step) counts ``failed_cost`` times the median known duration."""
+        planned = [planned_seconds(t) for t in tried]
+        known = [p for p in planned if p is not None]
+        typical = statistics.median(known) if known else None
+        costs: list[float | None] = []
+        for t, seconds in zip(tried, planned, strict=True):
+            if t.user_attrs.get(OUTCOME_KEY) == "failed":
+                seconds = seconds if seconds is not None else typical
+                seconds = None if seconds is None else seconds * self.failed_cost
+            costs.append(seconds)
+        return costs
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
@@ -106,7 +117,7 @@ class SpreadSampler(optuna.samplers.BaseSampler):
             return {}
         tried = [t for t in study.get_trials(deepcopy=False, states=_TRIED)
                  if t.number != trial.number]
-        costs = [self._cost(t) for t in tried] if self.cost_weight > 0 else None
+        costs = self._costs(tried) if self.cost_weight > 0 else None
         return farthest(search_space, [t.params for t in tried], self._rng, self.candidates,
                         costs=costs, cost_weight=self.cost_weight, neighbours=self.neighbours)
 

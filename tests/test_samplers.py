@@ -129,6 +129,24 @@ def test_a_failed_neighbour_counts_failed_cost_times_its_duration():
     assert all(next_x(1.0, seed) < 0.5 for seed in range(10))
 
 
+def test_a_trial_failed_before_its_first_evaluation_counts_as_a_dear_one():
+    # x = 0 ran out of memory at its first step (no curve to plan from); x = 1 ran a 20 s
+    # schedule. The failed one counts 4 x the median known duration (80 s), so the next point
+    # goes to x = 1's side every time; were it not counted, either side would do.
+    def tried() -> optuna.Study:
+        study = optuna.create_study()
+        study.add_trial(optuna.trial.create_trial(params={"x": 0.0}, distributions=LINE,
+                                                  value=0.0, user_attrs={"outcome": "failed"}))
+        study.add_trial(_trial_with_curve(1.0, [[20.0, 0.9, 1.0, 1.0, 0.3]], "censored"))
+        return study
+
+    assert SpreadSampler(failed_cost=4.0)._costs(tried().trials) == pytest.approx([80.0, 20.0])
+    for seed in range(10):
+        study = tried()
+        study.sampler = SpreadSampler(seed=seed, candidates=32, cost_weight=1.0, neighbours=1)
+        assert study.ask().suggest_float("x", 0.0, 1.0) > 0.5
+
+
 def test_which_sampler_draws_each_trial():
     sampler = ExploringTPESampler(seed=1, n_startup_trials=4, tpe_every=3)
     study = optuna.create_study(sampler=sampler)
