@@ -11,9 +11,8 @@ nearest to it cost: their geometric mean planned duration, of the 3 nearest, one
 (diverged, out of memory) counted 4 x (``failed_cost``). Every trial's curve gives its planned
 duration (elapsed seconds over the share of its schedule done), pruned or not, and a TTA can
 never exceed it: of two equally unexplored regions, the study first tries the one whose
-neighbours are quick. TPE
-(with Optuna 5's constraints, so censored and failed trials count) proposes the rest, which
-keeps some refinement near the best configurations for long studies.
+neighbours are quick. TPE (with Optuna 5's constraints, so censored and failed trials count)
+proposes the rest, which keeps some refinement near the best configurations for long studies.
 
 How it was chosen (``benchmarks/search_efficiency.py``; BENCHMARKS.md has the figures): spread
 points beat a scrambled Sobol start (in the replay a Sobol point often lands on a configuration
@@ -32,6 +31,7 @@ workers asking one after the other spread apart (each worker draws its own candi
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -43,7 +43,7 @@ from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import FrozenTrial, TrialState
 
 from ._spread import farthest
-from .pruners import CURVE_KEY, OUTCOME_KEY
+from .pruners import CURVE_KEY, OUTCOME_KEY, Curve
 
 __all__ = ["ExploringTPESampler", "SpreadSampler", "planned_seconds"]
 
@@ -54,14 +54,11 @@ def planned_seconds(trial: FrozenTrial) -> float | None:
     """How long ``trial``'s whole schedule takes, from its last evaluation: elapsed seconds over
     the share of the planned schedule done (None before a first evaluation). Known for pruned
     and reached trials too, not only for those that trained to their end."""
-    curve = trial.user_attrs.get(CURVE_KEY) or []
-    if not curve:
-        return None
     try:
-        elapsed, progress = float(curve[-1][0]), float(curve[-1][3])
+        end = Curve.of(trial.user_attrs.get(CURVE_KEY) or []).planned_end()
     except (TypeError, ValueError, IndexError):
         return None
-    return elapsed / progress if progress > 0 and elapsed > 0 else None
+    return end if 0 < end < math.inf else None
 
 
 class SpreadSampler(optuna.samplers.BaseSampler):
