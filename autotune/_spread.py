@@ -14,6 +14,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -21,7 +22,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-__all__ = ["distance", "draw", "farthest", "nearby_cost", "unit"]
+__all__ = ["Embedded", "distance", "draw", "farthest", "nearby_cost", "unit"]
 
 
 def unit(dist: BaseDistribution, value: Any) -> float | None:
@@ -48,6 +49,43 @@ def distance(space: Mapping[str, BaseDistribution], a: Mapping[str, Any],
             if ua is not None and ub is not None:
                 total += (ua - ub) ** 2
     return math.sqrt(total)
+
+
+class Embedded:
+    """Points placed in the unit cube of ``space`` once, for many distance queries:
+    ``distances(point)`` equals ``[distance(space, point, p) for p in points]``."""
+
+    def __init__(self, space: Mapping[str, BaseDistribution],
+                 points: Sequence[Mapping[str, Any]]) -> None:
+        self.space = space
+        self.numeric = [n for n, d in space.items()
+                        if isinstance(d, FloatDistribution | IntDistribution)]
+        self.categorical = [n for n, d in space.items() if isinstance(d, CategoricalDistribution)]
+        self._codes: dict[str, dict[Any, int]] = {n: {} for n in self.categorical}
+        self.x, self.c = self._embed(points)
+
+    def _code(self, name: str, value: Any) -> int:
+        codes = self._codes[name]
+        return codes.setdefault(value, len(codes))
+
+    def _embed(self, points: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        x = np.full((len(points), len(self.numeric)), np.nan)
+        c = np.full((len(points), len(self.categorical)), -1, dtype=np.int64)
+        for i, p in enumerate(points):
+            for j, name in enumerate(self.numeric):
+                if name in p:
+                    u = unit(self.space[name], p[name])
+                    x[i, j] = np.nan if u is None else u
+            for j, name in enumerate(self.categorical):
+                if name in p:
+                    c[i, j] = self._code(name, p[name])
+        return x, c
+
+    def distances(self, point: Mapping[str, Any]) -> np.ndarray:
+        x, c = self._embed([point])
+        squares = np.nan_to_num((self.x - x) ** 2, nan=0.0).sum(axis=1)
+        mismatch = ((self.c != c) & (self.c >= 0) & (c >= 0)).sum(axis=1)
+        return np.sqrt(squares + mismatch)
 
 
 def draw(dist: BaseDistribution, rng: random.Random) -> Any:
@@ -81,6 +119,14 @@ def nearby_cost(distances: Sequence[float], costs: Sequence[float | None],
     return math.exp(sum(math.log(c) for _, c in known) / len(known))
 
 
+def _nearby_cost(distances: np.ndarray, costs: np.ndarray, neighbours: int) -> float:
+    """``nearby_cost`` on arrays, ``costs`` NaN where unknown (at least one known)."""
+    ok = ~np.isnan(costs)
+    d, c = distances[ok], costs[ok]
+    nearest = np.lexsort((c, d))[:max(neighbours, 1)]
+    return float(np.exp(np.log(c[nearest]).mean()))
+
+
 def farthest(space: Mapping[str, BaseDistribution], tried: Iterable[Mapping[str, Any]],
              rng: random.Random, candidates: int, costs: Sequence[float | None] | None = None,
              cost_weight: float = 0.0, neighbours: int = 3) -> dict[str, Any]:
@@ -94,16 +140,19 @@ def farthest(space: Mapping[str, BaseDistribution], tried: Iterable[Mapping[str,
     points = list(tried)
     if costs is not None and len(costs) != len(points):
         raise ValueError(f"{len(costs)} costs for {len(points)} tried points")
+    embedded = Embedded(space, points)
+    known = None
+    if costs is not None and cost_weight > 0 and points:
+        known = np.array([c if c is not None and c > 0 else np.nan for c in costs])
+        known = None if np.isnan(known).all() else known
     best: dict[str, Any] = {}
     best_score = -1.0
     for _ in range(max(candidates, 1)):
         point = {name: draw(dist, rng) for name, dist in space.items()}
-        gaps = [distance(space, point, p) for p in points]
-        score = min(gaps, default=math.inf)
-        if costs is not None and cost_weight > 0 and points:
-            cost = nearby_cost(gaps, costs, neighbours)
-            if cost is not None:
-                score /= cost ** cost_weight
+        gaps = embedded.distances(point)
+        score = float(gaps.min()) if points else math.inf
+        if known is not None:
+            score /= _nearby_cost(gaps, known, neighbours) ** cost_weight
         if score > best_score:
             best, best_score = point, score
         if not points:

@@ -1,15 +1,8 @@
 """One trial, start to end: sample, plan, launch, follow its reports, record its outcome.
 
-Outcomes (DESIGN.md):
-* reached: value = TTA seconds, feasible;
-* censored: stopped or ended without reaching the target. Its TTA is only known to exceed its
-  elapsed time: value = elapsed seconds, with the constraint ``reach_target`` = target - best
-  metric > 0, so Optuna ranks it behind every trial that reached the target, and closer misses
-  ahead of wider ones. Never a failure;
-* failed: diverged, out of memory, crashed, launch or plan error, with the reason. Failures
-  the configuration causes (diverged, oom) are told as complete but maximally infeasible
-  (``reach_target`` = 1 + target), so the sampler steers away from them; the others are
-  Optuna FAIL, which the sampler ignores.
+The decisions (what a report records, go on or stop, the outcome and how it is told to Optuna)
+are ``autotune.decisions``, which the replay (``autotune.replay``) calls too; this module holds
+their side effects: processes, the report channel, the study store's availability, MLflow.
 """
 
 from __future__ import annotations
@@ -22,7 +15,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +24,21 @@ from optuna.trial import TrialState
 
 from ._retry import StoreUnavailable
 from .config import StudyConfig
+from .decisions import (
+    CONFIG_FAILURES,
+    CONSTRAINT,
+    TrialResult,
+    classify,
+    curve_row,
+    eval_reply,
+    eval_writes,
+    optuna_state,
+    start_reply,
+    study_deadline,
+    tell,
+    tell_optuna_style,
+    tell_result,
+)
 from .errors import AutotuneError, PlanError, SpaceError
 from .launch import (
     ReportChannel,
@@ -45,48 +52,22 @@ from .launch import (
     trainer_path,
 )
 from .plan import Hardware, derived_params, resolve
-from .pruners import CURVE_KEY, ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
+from .pruners import CURVE_KEY, OUTCOME_KEY, TimeToAccuracyPruner
 from .samplers import ExploringTPESampler
 from .space import InfeasiblePoint, SearchSpace
 from .tracking import Tracker
 
 log = logging.getLogger("autotune")
 
-__all__ = ["TrialResult", "TrialRunner", "make_pruner", "make_sampler", "optuna_state",
-           "tell_result"]
+__all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "TrialRunner", "make_pruner",
+           "make_sampler", "optuna_state", "tell_optuna_style", "tell_result"]
 
 LAUNCH_GRACE_S = 180.0      # setup time allowed before the trainer's first report
 STORE_RETRY_S = 3.0         # a trial's writes wait this long after the store failed to answer
-CONSTRAINT = "reach_target"
 MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
-# Failures the configuration causes (not the machine): recorded as complete but maximally
-# infeasible, so the sampler steers away from them instead of ignoring them.
-CONFIG_FAILURES = ("diverged", "oom")
 # Warm trainer ranks are replaced after this many trials: whatever a long-lived process
 # accumulates (allocator fragmentation, a library's caches) stays bounded.
 WARM_TRIALS_MAX = 100
-
-
-@dataclass
-class TrialResult:
-    number: int
-    params: dict[str, Any]
-    outcome: str                    # reached | censored | failed
-    reason: str                     # reached, bound, planned_epochs, max_seconds, diverged, ...
-    value: float | None = None      # TTA (reached) or elapsed seconds (censored)
-    best_metric: float = 0.0
-    evals: int = 0
-    detail: str = ""
-    summary: dict[str, Any] = field(default_factory=dict)
-    curve: list[list[Any]] = field(default_factory=list)
-
-
-def _finite_or_none(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
@@ -107,13 +88,6 @@ def make_sampler(cfg: StudyConfig, seed: int | None) -> optuna.samplers.BaseSamp
     if cfg.pruner == "tta":
         return ExploringTPESampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
-
-
-def optuna_state(result: TrialResult) -> str:
-    """The Optuna state a result is told with (see ``TrialRunner._tell``)."""
-    if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
-        return "FAIL"
-    return "COMPLETE"
 
 
 def probe_micro_batch(cfg: StudyConfig, ranks: int) -> int:
@@ -438,18 +412,13 @@ class TrialRunner:
                         self.tracker.log_start(run_key, msg)
                     if flush(0):
                         deadline = self._deadline(study, deadline)
-                    channel.reply({"action": "continue", "reason": "", "deadline_s": deadline})
+                    channel.reply({**start_reply(self.pruner, study), "deadline_s": deadline})
                 elif kind == "eval":
                     evals += 1
                     value = float(msg[metric])
                     best = max(best, value) if math.isfinite(value) else best
-                    curve.append([round(msg["elapsed_s"], 3), msg.get("top1"), msg.get("top5"),
-                                  round(float(msg["epoch"]) / plan["epochs"], 4),
-                                  _finite_or_none(msg.get("loss"))])
-                    # Optuna's pruners read intermediate values as "lower is better".
-                    writes.append(partial(trial.report, 1.0 - value, int(msg["index"])))
-                    writes.append(partial(trial.set_user_attr, ELAPSED_KEY, msg["elapsed_s"]))
-                    writes.append(partial(trial.set_user_attr, CURVE_KEY, list(curve)))
+                    curve.append(curve_row(msg, plan["epochs"]))
+                    writes.extend(eval_writes(trial, msg, metric, curve))
                     if self.tracker and run_key:
                         self.tracker.log_eval(run_key, msg)
                     if flush(0):
@@ -481,7 +450,8 @@ class TrialRunner:
             code = self._finish(channel, process, ranks, end, folder,
                                 keep=not self._interrupted.is_set() and not given_up)
             flush(None)
-        result = self._result(trial.number, end, code, process, best, evals, stop_reason)
+        result = classify(trial.number, end, code, process.tail() if end is None else "", best,
+                          evals, stop_reason)
         if result.reason == "crashed" and "unrecognized arguments: --serve" in result.detail:
             result.detail = (f"trainer program {self.cfg.trainer.program!r} does not take "
                              "--serve (warm ranks); set trainer.warm_ranks: false in the "
@@ -526,111 +496,23 @@ class TrialRunner:
 
     def _deadline(self, study: optuna.Study, last: float | None) -> float | None:
         """The pruner's deadline for a trial; ``last`` when the study store is away."""
-        if not isinstance(self.pruner, TimeToAccuracyPruner):
-            return None
         try:
             with self._patience(0):
-                return self.pruner.deadline(study)
+                return study_deadline(self.pruner, study)
         except StoreUnavailable:
             return last
 
     def _decide(self, study: optuna.Study, trial: optuna.Trial, msg: dict[str, Any],
                 last_deadline: float | None) -> dict[str, Any]:
-        go = {"action": "continue", "reason": "", "deadline_s": last_deadline}
+        """``decisions.eval_reply``; go on, with the last deadline, while the store is away."""
         try:
             with self._patience(0):
-                deadline = self._deadline(study, last_deadline)
-                go["deadline_s"] = deadline
-                if msg.get("reached"):
-                    return go
-                if self.stop_at is not None and time.monotonic() > self.stop_at:
-                    return {"action": "stop", "reason": "study_timeout", "deadline_s": deadline}
-                if isinstance(self.pruner, TimeToAccuracyPruner):
-                    frozen = study._storage.get_trial(trial._trial_id)
-                    reason = self.pruner.decide(study, frozen)
-                else:
-                    reason = "median" if trial.should_prune() else None
+                return eval_reply(self.pruner, study, trial, msg, now=time.monotonic(),
+                                  stop_at=self.stop_at)
         except StoreUnavailable:
-            return go
-        if reason:
-            return {"action": "stop", "reason": reason, "deadline_s": deadline}
-        return go
-
-    def _result(self, number: int, end: dict[str, Any] | None, code: int,
-                process: TrainerProcess, best: float, evals: int,
-                stop_reason: str) -> TrialResult:
-        if end is None:
-            why = "hung" if code in (-9, -15) else "crashed"
-            return TrialResult(number, {}, "failed", why, best_metric=best, evals=evals,
-                               detail=f"trainer exited with code {code}: {process.tail()}")
-        reason = str(end["reason"])
-        if reason == "stopped":  # stopped by the worker: say why
-            reason = stop_reason or "stopped"
-        if reason == "reached":
-            return TrialResult(number, {}, "reached", reason, value=float(end["tta_s"]),
-                               best_metric=best, evals=evals, summary=end)
-        if reason == "oom":
-            return TrialResult(number, {}, "failed", reason, value=float(end["elapsed_s"]),
-                               best_metric=best, evals=evals, summary=end,
-                               detail=f"out of memory at micro-batch {end.get('micro_batch')}")
-        if reason == "checkpointed":
-            return TrialResult(number, {}, "failed", "interrupted", best_metric=best,
-                               evals=evals, summary=end,
-                               detail=f"checkpoint saved in {end.get('checkpoint')}")
-        if reason == "diverged":
-            detail = ("accuracy still at chance" if stop_reason == "diverged"
-                      else "loss became NaN or infinite")
-            return TrialResult(number, {}, "failed", reason, value=float(end["elapsed_s"]),
-                               best_metric=best, evals=evals, detail=detail, summary=end)
-        return TrialResult(number, {}, "censored", reason, value=float(end["elapsed_s"]),
-                           best_metric=best, evals=evals, summary=end)
+            return {"action": "continue", "reason": "", "deadline_s": last_deadline}
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
-        if self.cfg.pruner == "tta":
-            tell_result(study, trial, result, self.cfg.target.value)
-        else:
-            tell_optuna_style(study, trial, result, 2 * self.cfg.budget.max_trial_s)
+        tell(study, trial, result, autotune=self.cfg.pruner == "tta",
+             target=self.cfg.target.value, penalty=2 * self.cfg.budget.max_trial_s)
 
-
-def tell_optuna_style(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
-                      penalty: float) -> None:
-    """Optuna's usual conventions, for comparisons: pruned trials PRUNED, a missed target the
-    penalty value, failures FAIL."""
-    trial.set_user_attr(OUTCOME_KEY, result.outcome)
-    trial.set_user_attr("stop_reason", result.reason)
-    trial.set_user_attr("best_metric", result.best_metric)
-    if result.outcome == "reached":
-        trial.set_user_attr("tta_s", result.value)
-        study.tell(trial, result.value)
-    elif result.outcome == "failed":
-        study.tell(trial, state=TrialState.FAIL)
-    elif result.reason == "median":
-        study.tell(trial, state=TrialState.PRUNED)
-    else:
-        study.tell(trial, penalty)
-
-
-def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
-                target: float) -> None:
-    """Records ``result`` on ``trial`` and tells Optuna, as the module docstring describes."""
-    trial.set_user_attr(OUTCOME_KEY, result.outcome)
-    trial.set_user_attr("stop_reason", result.reason)
-    trial.set_user_attr("best_metric", result.best_metric)
-    for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps"):
-        if key in result.summary:
-            trial.set_user_attr(key, result.summary[key])
-    if result.detail:
-        trial.set_user_attr("detail", result.detail[:1000])
-    if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
-        study.tell(trial, state=TrialState.FAIL)
-        return
-    if result.outcome == "failed":  # the configuration's fault: teach the sampler
-        trial.set_constraint(CONSTRAINT, 1.0 + target)
-        study.tell(trial, result.value or 0.0)
-        return
-    violation = target - result.best_metric
-    trial.set_constraint(CONSTRAINT, violation if result.outcome == "reached"
-                         else max(violation, 1e-9))
-    if result.outcome == "reached":
-        trial.set_user_attr("tta_s", result.value)
-    study.tell(trial, result.value)

@@ -48,6 +48,9 @@ tpe_nopruning_ratio=U``, each ratio a method's median compute over autotune's.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
+import io
 import json
 import math
 import multiprocessing
@@ -64,16 +67,23 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-from autotune.objective import TrialResult, tell_result  # noqa: E402
-from autotune.pruners import CURVE_KEY, ELAPSED_KEY, TimeToAccuracyPruner  # noqa: E402
-from autotune.samplers import ExploringTPESampler  # noqa: E402
+from autotune.replay import (  # noqa: E402
+    METHODS,
+    Outcome,
+    Replay,
+    Table,
+    TableError,
+    load_table,
+)
 from autotune.space import InfeasiblePoint, SearchSpace, load_space  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "quickstart_curves.jsonl"
+# External data is read where it lies, never copied into the repository.
+EXTERNAL = Path(os.environ.get("AUTOTUNE_EXTERNAL_DATA", ROOT.parent / "shared" / "external"))
+YAHPO_DATA = EXTERNAL / "yahpo-lcbench"
 TARGET = 0.97
 WORLD = 2
-MAX_TRIALS = 120            # a replayed study that has not found a good config by then stops
-BUDGET_S = 300.0            # compute budget for "best TTA found within a budget"
+BUDGET_S = 300.0            # the live check's seconds per study
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore")
 
@@ -197,261 +207,172 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False,
 
 
 # -- replay -------------------------------------------------------------------------------------
-def load_table(path: Path | None = None) -> list[dict[str, Any]]:
-    path = path or DATA
-    if not path.is_file():
-        raise SystemExit(f"no recorded curves at {path}; record them with `python {__file__} "
-                         f"record --out {path}`")
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"{path} is not a table of recorded curves (JSON lines): {e}") from None
+_TABLES: dict[tuple[str, float | None], Table] = {}
 
 
-def _features(p: dict[str, Any]) -> list[float]:
-    return [math.log2(p["global_batch"]) / 5, math.log10(p["lr_per_256"]) / 2.3,
-            p["warmup_epochs"] / 2, p["label_smoothing"] / 0.2, (p["epochs"] - 3) / 9]
-
-
-def nearest(table: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
-    """The recorded configuration closest to ``params`` (same decay shape preferred)."""
-    f = _features(params)
-
-    def distance(row: dict[str, Any]) -> float:
-        g = _features(row["params"])
-        decay = 0.0 if row["params"]["decay"] == params["decay"] else 0.5
-        return math.dist(f, g) + decay
-
-    return min(table, key=distance)
-
-
-class Replay:
-    """One simulated study of one method on the recorded table."""
-
-    def __init__(self, method: str, seed: int, table: list[dict[str, Any]],
-                 budget: float = BUDGET_S) -> None:
-        self.method, self.table, self.budget = method, table, budget
-        self.space = load_space("quickstart", world_size=WORLD)
-        self.best_table = min(r["reached_at"] for r in table if r["reached_at"] is not None)
-        self.penalty = 2 * max(r["elapsed_s"] for r in table)
-        sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=5)
-        pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
-        if method == "autotune":
-            sampler = ExploringTPESampler(seed=seed)
-            pruner = TimeToAccuracyPruner(TARGET, num_classes=10)
-        elif method == "tpe_median":
-            pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
-        elif method == "tpe_sha":
-            pruner = optuna.pruners.SuccessiveHalvingPruner()
-        elif method == "random":
-            sampler = optuna.samplers.RandomSampler(seed=seed)
-        self.pruner = pruner
-        direction = "minimize"
-        self.study = optuna.create_study(direction=direction, sampler=sampler, pruner=pruner)
-        self.compute = 0.0
-        self.found_at: float | None = None
-        self.best_in_budget = math.inf
-        self.spent: list[tuple[str, float, float]] = []  # each trial: how it ended, launch
-        #                                                  overhead, training seconds
-
-    def _ask(self) -> tuple[optuna.Trial, dict[str, Any]]:
-        while True:
-            trial = self.study.ask()
+def table_of(spec: str, target: float | None) -> Table:
+    """The table ``spec`` names (opda:PATH, yahpo-lcbench:INSTANCE, autotune:PATH or a path),
+    loaded once a process."""
+    key = (spec, target)
+    if key not in _TABLES:
+        with contextlib.redirect_stdout(io.StringIO()):   # yahpo-gym prints a citation
             try:
-                return trial, self.space.sample(trial)
-            except InfeasiblePoint:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-
-    def step(self) -> None:
-        trial, params = self._ask()
-        row = nearest(self.table, params)
-        best_before = self.best_tta()
-        cost, tta = self._train(trial, row)
-        overhead = self._overhead(row)
-        self.compute += overhead + cost
-        self.spent.append((self._ending(trial, row, best_before), overhead, cost))
-        if tta is not None:
-            if self.compute <= self.budget:
-                self.best_in_budget = min(self.best_in_budget, tta)
-            if self.found_at is None and tta <= 1.1 * self.best_table:
-                self.found_at = self.compute
-
-    def _overhead(self, row: dict[str, Any]) -> float:
-        """What a trial pays besides its training clock: its recorded overhead, plus, in a
-        table recorded in warm trainer ranks, their launch at the study's first trial."""
-        launch = row.get("launch_s", 0.0) if row.get("warm_ranks") and not self.spent else 0.0
-        return float(row["overhead_s"]) + float(launch)
-
-    def _train(self, trial: optuna.Trial, row: dict[str, Any]) -> tuple[float, float | None]:
-        """Replays ``row`` on the simulated clock; returns (training seconds, TTA or None)."""
-        curve, rows = row["curve"], []
-        best, reported = 0.0, 0
-        for point in curve:
-            t, top1 = point[0], point[1]
-            if self.method == "autotune":
-                deadline = self.pruner.deadline(self.study)
-                if deadline is not None and t > deadline:  # the trainer stops at the deadline
-                    self._tell_autotune(trial, "censored", "bound", deadline, best)
-                    return deadline, None
-            rows.append(point)
-            best = max(best, top1)
-            epochs_done = int(point[3] * row["epochs"] + 1e-3)  # progress is rounded
-            at_epoch_end = epochs_done > reported  # the baselines report once an epoch
-            if at_epoch_end:
-                reported = epochs_done
-                trial.report(1.0 - top1, step=epochs_done - 1)  # error: the study minimizes
-            if top1 >= TARGET:
-                if self.method == "autotune":
-                    self._tell_autotune(trial, "reached", "reached", t, best)
-                else:
-                    self.study.tell(trial, t)
-                return t, t
-            if self.method == "autotune":
-                trial.set_user_attr(CURVE_KEY, rows)
-                trial.set_user_attr(ELAPSED_KEY, t)
-                frozen = self.study._storage.get_trial(trial._trial_id)
-                reason = self.pruner.decide(self.study, frozen)
-                if reason:
-                    outcome = "failed" if reason == "diverged" else "censored"
-                    self._tell_autotune(trial, outcome, reason, t, best)
-                    return t, None
-            elif at_epoch_end and trial.should_prune():
-                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                return t, None
-        end = row["elapsed_s"]
-        if self.method == "autotune":
-            self._tell_autotune(trial, "censored", "planned_epochs", end, best)
-        else:
-            self.study.tell(trial, self.penalty)
-        return end, None
-
-    @property
-    def to_goal(self) -> float:
-        """The metric: compute until the goal was found, or all of it when it never was."""
-        return self.found_at if self.found_at is not None else self.compute
-
-    def best_tta(self) -> float:
-        """The best TTA the study has found so far (inf before any trial reached)."""
-        values = [t.value for t in self.study.get_trials(deepcopy=False)
-                  if t.state.name == "COMPLETE" and t.user_attrs.get("outcome", "reached")
-                  == "reached" and t.value is not None and t.value < self.penalty]
-        return min(values, default=math.inf)
-
-    def _ending(self, trial: optuna.Trial, row: dict[str, Any], best_before: float) -> str:
-        """How the trial ended: its stop reason; for ``reached``, whether it bettered the best
-        or tied it (a configuration already run); for ``bound``, whether its recorded
-        configuration reaches the target at all, and within 1.5 x the deadline."""
-        frozen = self.study._storage.get_trial(trial._trial_id)
-        reason = str(frozen.user_attrs.get("stop_reason") or frozen.state.name.lower())
-        if reason == "reached":
-            return "reached (new best)" if frozen.value < best_before else "reached (ties best)"
-        if reason != "bound":
-            return reason
-        if row["reached_at"] is None:
-            return "bound (never reaches)"
-        return "bound (reaches < 1.5 x deadline)" if row["reached_at"] < 1.5 * best_before \
-            else "bound (reaches later)"
-
-    def _tell_autotune(self, trial: optuna.Trial, outcome: str, reason: str, t: float,
-                       best: float) -> None:
-        tell_result(self.study, trial, TrialResult(trial.number, {}, outcome, reason, value=t,
-                                                   best_metric=best), TARGET)
-
-    def run(self) -> Replay:
-        for _ in range(MAX_TRIALS):
-            self.step()
-            if self.found_at is not None and self.compute > BUDGET_S:
-                break
-        return self
+                _TABLES[key] = load_table(spec, target, yahpo_data=YAHPO_DATA)
+            except TableError as e:
+                raise SystemExit(str(e)) from None
+    return _TABLES[key]
 
 
-METHODS = ("autotune", "tpe_median", "tpe_sha", "tpe_nopruning", "random")
+def _replay_outcome(job: tuple[str, float | None, str, int, int]) -> Outcome:
+    """One replayed study (in a pool worker)."""
+    spec, target, method, seed, workers = job
+    return Replay(table_of(spec, target), method, seed, workers=workers).run()
 
 
-_TABLES: dict[Path | None, list[dict[str, Any]]] = {}
-
-
-def _replay_outcome(job: tuple[str, int, Path | None]) -> tuple[float, bool, float]:
-    """One replayed study (in a pool worker): compute to the goal, whether it found the goal,
-    the best TTA within the budget."""
-    method, seed, path = job
-    if path not in _TABLES:
-        _TABLES[path] = load_table(path)
-    replay = Replay(method, seed, _TABLES[path]).run()
-    return replay.to_goal, replay.found_at is not None, replay.best_in_budget
-
-
-def compare(seeds: int, path: Path | None = None, jobs: int | None = None) -> None:
-    table = load_table(path)
-    best = min(r["reached_at"] for r in table if r["reached_at"] is not None)
-    reached = sum(r["reached_at"] is not None for r in table)
-    speeds = {r["machine_img_s"] for r in table if "machine_img_s" in r}
-    machine = (f"; recorded at {', '.join(f'{v:.0f}' for v in sorted(speeds))} img/s "
-               "(plain ResNet-18)" if speeds else "")
-    print(f"table: {len(table)} recorded configurations, {reached} reach top1 >= {TARGET}; "
-          f"best TTA {best:.2f} s; goal: TTA <= {1.1 * best:.2f} s{machine}")
-    medians: dict[str, float] = {}
+def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
+            jobs: int | None = None, workers: int = 1,
+            methods: tuple[str, ...] = METHODS) -> None:
+    table = table_of(spec, target)
+    best = table.best_tta
+    goals = (1.5, 1.25)
+    reaching = [r.reached_at(table.target) for r in table.runs]
+    print(f"table {table.name}: {len(table.runs)} runs, "
+          f"{sum(t is not None for t in reaching)} reach {table.metric} >= "
+          f"{table.target:.4g}; best TTA {best:.5g} s; goals TTA <= "
+          + ", ".join(f"{g} x best ({sum(t is not None and t <= g * best for t in reaching)}"
+                      " runs)" for g in goals)
+          + f"; {workers} worker{'s' if workers > 1 else ''}, {seeds} studies a method")
+    for note in table.notes:
+        print(f"  {note}")
+    if table.credit:
+        print(f"  data: {table.credit}")
     spent_by: dict[str, list[float]] = {}
     with multiprocessing.Pool(jobs) as pool:
-        for method in METHODS:
-            runs = pool.map(_replay_outcome, [(method, seed, path) for seed in range(seeds)])
-            spent = spent_by[method] = [to_goal for to_goal, _, _ in runs]
-            misses = sum(not found for _, found, _ in runs)
-            medians[method] = statistics.median(spent)
-            in_budget = statistics.median(best for _, _, best in runs)
-            print(f"{method:14s} median compute to goal {medians[method]:8.1f} s  (p25 "
-                  f"{_q(spent, 0.25):7.1f}, p75 {_q(spent, 0.75):7.1f}; {misses} of {seeds} "
-                  f"never found it)  median best TTA within {BUDGET_S:.0f} s: {in_budget:.2f} s",
-                  flush=True)
-    base = medians["autotune"]
+        for method in methods:
+            outs = pool.map(_replay_outcome, [(spec, target, method, seed, workers)
+                                              for seed in range(seeds)])
+            spent_by[method] = [o.to_goal[goals[0]] for o in outs]
+            parts = []
+            for g in goals:
+                spent = [o.to_goal[g] / 3600 for o in outs]
+                missed = sum(not o.found[g] for o in outs)
+                parts.append(f"{g} x: median {statistics.median(spent):9.4g} h (p25 "
+                             f"{_q(spent, 0.25):.4g}, p75 {_q(spent, 0.75):.4g}; never "
+                             f"{100 * missed / seeds:4.1f}%)")
+            in_budget = statistics.median(o.best_in_budget for o in outs)
+            trials = statistics.median(o.trials for o in outs)
+            print(f"{method:14s} {'  '.join(parts)}  best TTA within 20 x best: "
+                  f"{in_budget:.5g} s; {trials:.0f} trials", flush=True)
+    base = statistics.median(spent_by["autotune"])
+    baselines = {m: statistics.median(v) / base for m, v in spent_by.items() if m != "autotune"}
+    best_baseline = min(baselines, key=lambda m: baselines[m])
     if seeds >= 40:
-        blocks = [statistics.median(spent_by["random"][i:i + 20])
-                  / statistics.median(spent_by["autotune"][i:i + 20])
-                  for i in range(0, seeds - 19, 20)]
-        print(f"random_ratio over blocks of 20 seeds: {min(blocks):.2f} to {max(blocks):.2f} "
-              f"(median {statistics.median(blocks):.2f})")
-        for other in ("random", "tpe_median"):
+        for other in dict.fromkeys(("random", best_baseline)):
             low, high = ratio_interval(spent_by[other], spent_by["autotune"])
             print(f"{other}_ratio 90% bootstrap interval over the {seeds} seeds: "
                   f"{low:.2f} to {high:.2f}")
-    print(f"autotune_median_s={base:.1f} random_ratio={medians['random'] / base:.2f} "
-          f"tpe_median_ratio={medians['tpe_median'] / base:.2f} "
-          f"tpe_sha_ratio={medians['tpe_sha'] / base:.2f} "
-          f"tpe_nopruning_ratio={medians['tpe_nopruning'] / base:.2f}")
+    print(f"autotune_median_h={base / 3600:.4g} random_ratio={baselines['random']:.2f} "
+          f"best_baseline={best_baseline} best_baseline_ratio={baselines[best_baseline]:.2f}")
 
 
-def breakdown(seeds: int, proposals: str, path: Path | None = None) -> None:
+def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
+              target: float | None = None) -> None:
     """Where autotune's compute goes until it finds the goal: seconds by how trials ended,
     launch overhead apart, with autotune's sampler or with random proposals."""
-    table = load_table(path)
+    table = table_of(spec, target)
     ends: dict[str, list[float]] = {}
     overhead = total = 0.0
-    perfect = []   # each study's compute had every trial but the goal's cost only its launch
     for seed in range(seeds):
-        replay = Replay("autotune", seed, table)
+        replay = Replay(table, "autotune", seed, goals=(1.5,), budget_factor=0.0)
         if proposals == "random":
             replay.study.sampler = optuna.samplers.RandomSampler(seed=seed)
-        while replay.found_at is None and len(replay.spent) < MAX_TRIALS:
-            replay.step()
+        replay.run()
         for end, launch, seconds in replay.spent:
             ends.setdefault(end, []).append(launch + seconds)
             overhead += launch
         total += replay.compute
-        perfect.append(sum(launch for _, launch, _ in replay.spent) + replay.spent[-1][2])
-    random_search = [Replay("random", seed, table).run().to_goal for seed in range(seeds)]
+    count = sum(len(v) for v in ends.values())
     print(f"autotune ({proposals} proposals), {seeds} studies until each found the goal: "
-          f"{sum(len(v) for v in ends.values())} trials, {total:.0f} s")
+          f"{count} trials, {total:.5g} s")
     for end, costs in sorted(ends.items(), key=lambda kv: -sum(kv[1])):
-        print(f"  {end:34s} {len(costs):5d} trials  {sum(costs):7.0f} s "
-              f"({100 * sum(costs) / total:4.1f}%)  {statistics.mean(costs):5.1f} s each")
-    print("the same proposals with a perfect pruner (every trial but the goal's stopped "
-          f"at its launch): median {statistics.median(perfect):.0f} s; random search "
-          f"without pruning: median {statistics.median(random_search):.0f} s")
-    print(f"launch_overhead_share={overhead / total:.2f} trials_per_study="
-          f"{sum(len(v) for v in ends.values()) / seeds:.1f} seconds_per_trial="
-          f"{total / sum(len(v) for v in ends.values()):.1f} perfect_pruner_random_ratio="
-          f"{statistics.median(random_search) / statistics.median(perfect):.2f}")
+        print(f"  {end:16s} {len(costs):5d} trials  {sum(costs):9.5g} s "
+              f"({100 * sum(costs) / total:4.1f}%)  {statistics.mean(costs):8.4g} s each")
+    print(f"launch_overhead_share={overhead / total:.2f} trials_per_study={count / seeds:.1f} "
+          f"seconds_per_trial={total / count:.4g} diverged_share="
+          f"{sum(ends.get('diverged', [])) / total:.3f}")
+
+
+# -- the YAHPO Gym paper's protocol: the harness checks itself ---------------------------------
+PAPER_BUDGET = 6544        # epochs a run may spend (the paper's budget on LCBench)
+# Mean normalized regret at the full budget, read off the paper's figure (about +-20%):
+# YAHPO Gym (Pfisterer et al., AutoML-Conf 2022, arXiv 2109.03670).
+PAPER_REGRET = {
+    "167168": {"random": 0.12, "hyperband": 0.085, "tpe_median": 0.058},
+    "189873": {"random": 0.18, "hyperband": 0.125, "tpe_median": 0.06},
+    "189906": {"random": 0.075, "hyperband": 0.065, "tpe_median": 0.026},
+}
+
+
+def _value_range(instance: str) -> tuple[float, float]:
+    """The instance's val_accuracy minimum and maximum (YAHPO's global statistics), 0-1."""
+    found: dict[str, float] = {}
+    with (YAHPO_DATA / "global_statistics" / "instance_target_statistics.csv").open() as f:
+        for row in csv.DictReader(f):
+            if (row["scenario"], row["instance"], row["metric"]) == ("lcbench", instance,
+                                                                     "val_accuracy"):
+                found[row["statistic"]] = float(row["value"]) / 100
+    return found["min"], found["max"]
+
+
+def _paper_run(job: tuple[str, str, int]) -> float:
+    """One run of a method under the paper's protocol: the normalized regret of its best
+    full-length configuration after ``PAPER_BUDGET`` epochs."""
+    instance, method, seed = job
+    table = table_of(f"yahpo-lcbench:{instance}", None)
+    sampler: optuna.samplers.BaseSampler = optuna.samplers.RandomSampler(seed=seed)
+    pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
+    if method == "hyperband":
+        pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=52,
+                                                reduction_factor=3)
+    elif method == "tpe_median":
+        sampler = optuna.samplers.TPESampler(seed=seed)
+        pruner = optuna.pruners.MedianPruner()
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+    spent = 0
+    while spent < PAPER_BUDGET:
+        trial = study.ask()
+        run = table.train(table.propose(trial))
+        for epoch, value in enumerate(run.values, start=1):
+            spent += 1
+            trial.report(value, epoch)
+            if spent >= PAPER_BUDGET and epoch < len(run.values):
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)   # cut by the budget
+                break
+            if epoch < len(run.values) and trial.should_prune():
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                break
+        else:
+            study.tell(trial, run.values[-1])
+    low, high = _value_range(instance)
+    complete = [t.value for t in study.trials if t.value is not None]
+    incumbent = max(complete) if complete else low
+    return (high - incumbent) / (high - low)
+
+
+def paper(instances: list[str], seeds: int, jobs: int) -> None:
+    """The baselines under the YAHPO Gym paper's protocol, beside its published regrets."""
+    print(f"YAHPO Gym LCBench, the paper's protocol: best val_accuracy of a full-length "
+          f"configuration within {PAPER_BUDGET} epochs, {seeds} seeds; normalized regret "
+          "(max - incumbent) / (max - min), the instance's global statistics")
+    with multiprocessing.Pool(jobs) as pool:
+        for instance in instances:
+            published = PAPER_REGRET.get(instance, {})
+            for method in ("random", "hyperband", "tpe_median"):
+                regrets = pool.map(_paper_run, [(instance, method, s) for s in range(seeds)])
+                paper_value = published.get(method)
+                print(f"{instance} {method:11s} mean regret {statistics.mean(regrets):.3f} "
+                      f"(median {statistics.median(regrets):.3f}); published "
+                      f"{'-' if paper_value is None else f'{paper_value:.3f}'}", flush=True)
 
 
 LIVE_STUDY = """study_name: live
@@ -498,11 +419,12 @@ def live(seeds: int, budget: float, path: Path | None = None) -> None:
     """The reality check: the real quickstart, autotune against TPE + MedianPruner, each
     study ``budget`` seconds, beside what the replay predicts for the same budget on the
     table at ``path`` (it is a check only on the machine and day the table was recorded)."""
-    table = load_table(path)
-    goal = 1.1 * min(r["reached_at"] for r in table if r["reached_at"] is not None)
+    table = table_of(str(path or DATA), None)
+    goal = 1.5 * table.best_tta
     medians, best = {}, {}
     for method in ("autotune", "tpe_median"):
-        replays = [_replay_in_budget(method, seed, table, budget) for seed in range(20)]
+        replays = [Replay(table, method, seed, budget_factor=budget / table.best_tta).run()
+                   for seed in range(20)]
         predicted = statistics.median(r.best_in_budget for r in replays)
         runs = [_live_study(method, seed, budget, goal) for seed in range(seeds)]
         spent = [r[0] for r in runs]
@@ -518,14 +440,6 @@ def live(seeds: int, budget: float, path: Path | None = None) -> None:
           f"live_autotune_median_s={medians['autotune']:.1f} "
           f"live_tpe_median_median_s={medians['tpe_median']:.1f} "
           f"live_tpe_median_ratio={medians['tpe_median'] / medians['autotune']:.2f}")
-
-
-def _replay_in_budget(method: str, seed: int, table: list[dict[str, Any]],
-                      budget: float) -> Replay:
-    replay = Replay(method, seed, table, budget=budget)
-    while replay.compute < budget and len(replay.study.trials) < MAX_TRIALS:
-        replay.step()
-    return replay
 
 
 def ratio_interval(spent: list[float], base: list[float], resamples: int = 1000,
@@ -556,17 +470,32 @@ def main() -> None:
                      help="keep what an interrupted recording of the same sample wrote")
     rec.add_argument("--out", type=Path, default=None,
                      help=f"the table to write (default: {DATA.relative_to(ROOT)})")
-    cmp = sub.add_parser("compare", help="replay studies of each method on the recorded curves")
-    cmp.add_argument("--seeds", type=int, default=1000, help="studies per method")
+    table_help = ("the table: opda:PATH (an opda-format JSON-lines file), "
+                  "yahpo-lcbench:INSTANCE (the surrogate under $AUTOTUNE_EXTERNAL_DATA/"
+                  "yahpo-lcbench), or the path of a table `record` wrote (default: "
+                  f"{DATA.relative_to(ROOT)})")
+    cmp = sub.add_parser("compare", help="replay studies of each method on a table")
+    cmp.add_argument("--seeds", type=int, default=200, help="studies per method")
     cmp.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                      help="processes replaying studies (default: one a CPU core)")
-    cmp.add_argument("--table", type=Path, default=None,
-                     help="another recorded table, e.g. benchmarks/data/"
-                          "quickstart_curves_205img_s.jsonl (default: quickstart_curves.jsonl)")
+    cmp.add_argument("--table", default=str(DATA), help=table_help)
+    cmp.add_argument("--target", type=float, default=None,
+                     help="the accuracy to reach (0-1); needed for opda tables; YAHPO: "
+                          "default where the best 2%% of configurations reach")
+    cmp.add_argument("--workers", type=int, default=1,
+                     help="asynchronous workers a study runs (default 1)")
+    cmp.add_argument("--methods", default=",".join(METHODS),
+                     help=f"comma-separated, of {','.join(METHODS)} (autotune always runs)")
     bd = sub.add_parser("breakdown", help="where autotune's compute goes, by how trials end")
     bd.add_argument("--seeds", type=int, default=20)
     bd.add_argument("--proposals", choices=("autotune", "random"), default="autotune")
-    bd.add_argument("--table", type=Path, default=None, help="another recorded table")
+    bd.add_argument("--table", default=str(DATA), help=table_help)
+    bd.add_argument("--target", type=float, default=None)
+    pp = sub.add_parser("paper", help="the YAHPO Gym paper's own protocol (best validation "
+                                      "accuracy within 6,544 epochs): the harness's check")
+    pp.add_argument("--instances", default="167168,189873,189906")
+    pp.add_argument("--seeds", type=int, default=30)
+    pp.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     lv = sub.add_parser("live", help="the reality check: real studies, autotune against TPE + "
                                      "MedianPruner, on the same budget")
     lv.add_argument("--seeds", type=int, default=3)
@@ -575,18 +504,27 @@ def main() -> None:
                     help="the table recorded on this machine (its goal, and the replay's "
                          "prediction)")
     args = parser.parse_args()
-    for name in ("seeds", "n", "budget", "max_seconds", "jobs"):
+    for name in ("seeds", "n", "budget", "max_seconds", "jobs", "workers"):
         if getattr(args, name, 1) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got "
                          f"{getattr(args, name)}")
+    if getattr(args, "target", None) is not None and not 0 < args.target <= 1:
+        parser.error(f"--target must be an accuracy in (0, 1], got {args.target}")
     if args.command == "record":
         record(args.n, args.max_seconds, args.seed, args.resume, args.out)
     elif args.command == "breakdown":
-        breakdown(args.seeds, args.proposals, args.table)
+        breakdown(args.seeds, args.proposals, args.table, args.target)
     elif args.command == "live":
         live(args.seeds, args.budget, args.table)
+    elif args.command == "paper":
+        paper(args.instances.split(","), args.seeds, args.jobs)
     else:
-        compare(args.seeds, args.table, args.jobs)
+        methods = tuple(m for m in args.methods.split(",") if m)
+        unknown = [m for m in methods if m not in METHODS]
+        if unknown:
+            parser.error(f"unknown method {unknown[0]!r}; the methods: {', '.join(METHODS)}")
+        methods = tuple(dict.fromkeys(("autotune", "random", *methods)))
+        compare(args.seeds, args.table, args.target, args.jobs, args.workers, methods)
 
 
 if __name__ == "__main__":

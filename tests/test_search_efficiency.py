@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.replay import Replay, load_table
+
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "search_efficiency.py"
 _spec = importlib.util.spec_from_file_location("search_efficiency", _PATH)
 se = importlib.util.module_from_spec(_spec)
@@ -58,38 +60,45 @@ def test_record_refuses_a_folder_as_its_table_before_training(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_baselines_report_once_an_epoch_whatever_the_evaluation_pace():
+def _table_file(tmp_path, rows) -> str:
+    path = tmp_path / "table.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_baselines_report_once_an_epoch_whatever_the_evaluation_pace(tmp_path):
     # Two evaluations an epoch, never reaching the target: TPE + MedianPruner must see one
     # report an epoch (steps 0-3), at the evaluation that ends it.
     curve = [[2.0 * k, 0.2 + 0.05 * k, 0.5, k / 8, 1.0] for k in range(1, 9)]
-    table = [{"params": {**c, "decay": "cosine"}, "curve": curve, "reached_at": None,
-              "end_reason": "planned_epochs", "elapsed_s": 16.0, "overhead_s": 1.0,
-              "epochs": 4} for c in CONFIGS]
-    table[0]["reached_at"] = 16.0  # the replay needs one configuration that reaches
-    replay = se.Replay("tpe_median", seed=0, table=table)
-    trial, _ = replay._ask()
-    replay._train(trial, table[1])
+    rows = [{"params": {**c, "decay": "cosine"}, "curve": curve, "reached_at": None,
+             "end_reason": "planned_epochs", "elapsed_s": 16.0, "overhead_s": 1.0,
+             "epochs": 4} for c in CONFIGS]
+    rows[0]["curve"] = [[16.0, 0.98, 1.0, 1.0, 0.1]]  # the table needs a run that reaches
+    table = load_table(_table_file(tmp_path, rows))
+    replay = Replay(table, "tpe_median", seed=0)
+    replay.study.enqueue_trial(CONFIGS[1] | {"decay": "cosine"})
+    replay.one_trial()
     frozen = replay.study.trials[-1]
     assert sorted(frozen.intermediate_values) == [0, 1, 2, 3]
     assert frozen.intermediate_values[1] == pytest.approx(1 - curve[3][1])  # 2nd epoch's end
 
 
-def test_a_table_recorded_in_warm_ranks_charges_their_launch_once_a_study():
+def test_a_table_recorded_in_warm_ranks_charges_their_launch_once_a_worker(tmp_path):
     curve = [[2.0 * k, 0.2 + 0.1 * k, 0.9, k / 8, 1.0] for k in range(1, 9)]
-    table = [{"params": c, "curve": curve, "reached_at": None, "end_reason": "planned_epochs",
-              "elapsed_s": 16.0, "overhead_s": 0.5, "epochs": 4, "warm_ranks": True,
-              "launch_s": 8.0} for c in CONFIGS]
-    table[0]["reached_at"] = 16.0
-    replay = se.Replay("random", seed=0, table=table)
-    replay.step()
-    replay.step()
+    rows = [{"params": c, "curve": curve, "reached_at": None, "end_reason": "planned_epochs",
+             "elapsed_s": 16.0, "overhead_s": 0.5, "epochs": 4, "warm_ranks": True,
+             "launch_s": 8.0} for c in CONFIGS]
+    table = load_table(_table_file(tmp_path, rows))
+    replay = Replay(table, "random", seed=0)
+    replay.one_trial()
+    replay.one_trial()
     assert [launch for _, launch, _ in replay.spent] == [8.5, 0.5]
     # a table recorded before warm ranks: its overhead is a launch at every trial
     cold = [{k: v for k, v in row.items() if k not in ("warm_ranks", "launch_s")}
-            for row in table]
-    replay = se.Replay("random", seed=0, table=cold)
-    replay.step()
-    replay.step()
+            for row in rows]
+    replay = Replay(load_table(_table_file(tmp_path, cold)), "random", seed=0)
+    replay.one_trial()
+    replay.one_trial()
     assert [launch for _, launch, _ in replay.spent] == [0.5, 0.5]
 
 
@@ -130,12 +139,12 @@ def test_compare_replays_every_method_in_worker_processes_and_ends_with_the_rati
     rows = [{"params": {**c, "decay": "cosine"}, "curve": fast if i == 0 else slow,
              "reached_at": 16.0 if i == 0 else None, "end_reason": "planned_epochs",
              "elapsed_s": 16.0, "overhead_s": 0.5, "epochs": 4} for i, c in enumerate(CONFIGS)]
-    table = tmp_path / "table.jsonl"
-    table.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    se.compare(seeds=2, path=table, jobs=2)
+    se.compare(seeds=2, spec=_table_file(tmp_path, rows), jobs=2)
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split()[0] for line in lines[1:6]] == list(se.METHODS)
+    shown = [line.split()[0] for line in lines if line.split()[0] in se.METHODS]
+    assert shown == list(se.METHODS)
     last = dict(field.split("=") for field in lines[-1].split())
-    assert list(last) == ["autotune_median_s", "random_ratio", "tpe_median_ratio",
-                          "tpe_sha_ratio", "tpe_nopruning_ratio"]
-    assert all(float(v) > 0 for v in last.values())
+    assert list(last) == ["autotune_median_h", "random_ratio", "best_baseline",
+                          "best_baseline_ratio"]
+    assert last["best_baseline"] in se.METHODS and last["best_baseline"] != "autotune"
+    assert float(last["autotune_median_h"]) > 0 and float(last["random_ratio"]) > 0

@@ -32,14 +32,17 @@ class TimeToAccuracyPruner(optuna.pruners.BasePruner):
     worker, and a restarted one, reaches the same decision.
     """
 
-    def __init__(self, target: float = 1.0, *, metric: str = "top1", num_classes: int = 10,
+    def __init__(self, target: float = 1.0, *, metric: str = "top1",
+                 num_classes: int | None = 10,
                  margin: float = 1.0, eta: float = 3.0, min_rung_s: float = 2.0,
                  min_peers: int = 3, rules: bool = True) -> None:
         if margin < 1.0:
             raise ValueError(f"margin must be >= 1.0, got {margin}")
         if metric not in _METRIC_INDEX:
             raise ValueError(f"metric must be top1 or top5, got {metric!r}")
-        chance = min(1.0, (1 if metric == "top1" else 5) / max(num_classes, 1))
+        # Unknown classes (None): no chance level, so the at-chance rules never fire.
+        chance = 0.0 if num_classes is None else min(
+            1.0, (1 if metric == "top1" else 5) / max(num_classes, 1))
         self.rules = Rules(target=target, chance=chance, margin=margin, eta=eta,
                            min_rung_s=min_rung_s, min_peers=min_peers)
         self.metric = metric

@@ -1,0 +1,217 @@
+"""What a worker decides about a trial, as pieces free of processes and sockets.
+
+The worker's trial runner (``objective.TrialRunner``) and the replay (``autotune.replay``)
+both call these, so a replayed study makes exactly the decisions a real one makes:
+
+* ``curve_row`` and ``eval_writes``: what the study store records of an evaluation report;
+* ``start_reply`` and ``eval_reply``: the answer to the trainer's start and evaluation
+  reports (go on or stop, with the reason, and the deadline after which the trainer stops on
+  its own between evaluations);
+* ``classify``: the trial's outcome from the trainer's end report (or its absence);
+* ``tell``: the outcome told to Optuna.
+
+Outcomes (DESIGN.md):
+
+* reached: value = TTA seconds, feasible;
+* censored: stopped or ended without reaching the target. Its TTA is only known to exceed its
+  elapsed time: value = elapsed seconds, with the constraint ``reach_target`` = target - best
+  metric > 0, so Optuna ranks it behind every trial that reached the target, and closer misses
+  ahead of wider ones. Never a failure;
+* failed: diverged, out of memory, crashed, launch or plan error, with the reason. Failures
+  the configuration causes (diverged, oom) are told as complete but maximally infeasible
+  (``reach_target`` = 1 + target), so the sampler steers away from them; the others are
+  Optuna FAIL, which the sampler ignores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from .pruners import CURVE_KEY, ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
+
+__all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "classify", "curve_row",
+           "eval_reply", "eval_writes", "optuna_state", "start_reply", "study_deadline",
+           "tell", "tell_optuna_style", "tell_result"]
+
+CONSTRAINT = "reach_target"
+# Failures the configuration causes (not the machine): recorded as complete but maximally
+# infeasible, so the sampler steers away from them instead of ignoring them.
+CONFIG_FAILURES = ("diverged", "oom")
+
+Reply = dict[str, Any]
+
+
+@dataclass
+class TrialResult:
+    number: int
+    params: dict[str, Any]
+    outcome: str                    # reached | censored | failed
+    reason: str                     # reached, bound, planned_epochs, max_seconds, diverged, ...
+    value: float | None = None      # TTA (reached) or elapsed seconds (censored)
+    best_metric: float = 0.0
+    evals: int = 0
+    detail: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)
+    curve: list[list[Any]] = field(default_factory=list)
+
+
+def _finite_or_none(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+# -- an evaluation report -----------------------------------------------------------------------
+def curve_row(msg: dict[str, Any], planned_epochs: float) -> list[Any]:
+    """The stored row of an evaluation: ``[elapsed_s, top1, top5, progress, loss]``, progress
+    being the share of the planned schedule done (epochs done / planned epochs)."""
+    return [round(float(msg["elapsed_s"]), 3), msg.get("top1"), msg.get("top5"),
+            round(float(msg["epoch"]) / planned_epochs, 4), _finite_or_none(msg.get("loss"))]
+
+
+def eval_writes(trial: optuna.Trial, msg: dict[str, Any], metric: str,
+                curve: list[list[Any]]) -> list[Callable[[], Any]]:
+    """The study-store writes of an evaluation (``curve`` already holds its row), in order; the
+    worker may hold them while the store is out of reach."""
+    value = float(msg[metric])
+    # Optuna's pruners read intermediate values as "lower is better".
+    return [partial(trial.report, 1.0 - value, int(msg["index"])),
+            partial(trial.set_user_attr, ELAPSED_KEY, msg["elapsed_s"]),
+            partial(trial.set_user_attr, CURVE_KEY, list(curve))]
+
+
+def study_deadline(pruner: optuna.pruners.BasePruner, study: optuna.Study) -> float | None:
+    """The elapsed seconds past which a trial of ``study`` cannot win (None: no bound yet, or a
+    comparison mode whose pruner has none)."""
+    if not isinstance(pruner, TimeToAccuracyPruner):
+        return None
+    return pruner.deadline(study)
+
+
+def _reply(action: str, reason: str, deadline: float | None) -> Reply:
+    return {"action": action, "reason": reason, "deadline_s": deadline}
+
+
+def start_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study) -> Reply:
+    """The answer to the trainer's start report: go, with the study's deadline."""
+    return _reply("continue", "", study_deadline(pruner, study))
+
+
+def eval_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study, trial: optuna.Trial,
+               msg: dict[str, Any], *, now: float | None = None,
+               stop_at: float | None = None) -> Reply:
+    """The answer to an evaluation report (its writes already made): go on, or stop with the
+    reason (``study_timeout`` when ``now`` has passed ``stop_at``, else the pruner's)."""
+    deadline = study_deadline(pruner, study)
+    if msg.get("reached"):
+        return _reply("continue", "", deadline)
+    if stop_at is not None and now is not None and now > stop_at:
+        return _reply("stop", "study_timeout", deadline)
+    if isinstance(pruner, TimeToAccuracyPruner):
+        reason = pruner.decide(study, study._storage.get_trial(trial._trial_id))
+    else:
+        reason = "median" if trial.should_prune() else None
+    return _reply("stop", reason, deadline) if reason else _reply("continue", "", deadline)
+
+
+# -- the end of a trial -------------------------------------------------------------------------
+def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best: float,
+             evals: int, stop_reason: str) -> TrialResult:
+    """The outcome of trial ``number`` from the trainer's end report (None: it sent none and
+    exited with ``code``, ``tail`` the end of its log), ``best`` its best metric, ``evals`` its
+    evaluations and ``stop_reason`` the reason the worker last gave it to stop."""
+    if end is None:
+        why = "hung" if code in (-9, -15) else "crashed"
+        return TrialResult(number, {}, "failed", why, best_metric=best, evals=evals,
+                           detail=f"trainer exited with code {code}: {tail}")
+    reason = str(end["reason"])
+    if reason == "stopped":  # stopped by the worker: say why
+        reason = stop_reason or "stopped"
+    if reason == "reached":
+        return TrialResult(number, {}, "reached", reason, value=float(end["tta_s"]),
+                           best_metric=best, evals=evals, summary=end)
+    if reason == "oom":
+        return TrialResult(number, {}, "failed", reason, value=float(end["elapsed_s"]),
+                           best_metric=best, evals=evals, summary=end,
+                           detail=f"out of memory at micro-batch {end.get('micro_batch')}")
+    if reason == "checkpointed":
+        return TrialResult(number, {}, "failed", "interrupted", best_metric=best,
+                           evals=evals, summary=end,
+                           detail=f"checkpoint saved in {end.get('checkpoint')}")
+    if reason == "diverged":
+        detail = ("accuracy still at chance" if stop_reason == "diverged"
+                  else "loss became NaN or infinite")
+        return TrialResult(number, {}, "failed", reason, value=float(end["elapsed_s"]),
+                           best_metric=best, evals=evals, detail=detail, summary=end)
+    return TrialResult(number, {}, "censored", reason, value=float(end["elapsed_s"]),
+                       best_metric=best, evals=evals, summary=end)
+
+
+def optuna_state(result: TrialResult) -> str:
+    """The Optuna state a result is told with (see ``tell_result``)."""
+    if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
+        return "FAIL"
+    return "COMPLETE"
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, *, autotune: bool,
+         target: float, penalty: float) -> None:
+    """Records ``result`` and tells Optuna: autotune's way (``tell_result``), or Optuna's usual
+    one for the comparison modes (``tell_optuna_style``, a missed target told as ``penalty``)."""
+    if autotune:
+        tell_result(study, trial, result, target)
+    else:
+        tell_optuna_style(study, trial, result, penalty)
+
+
+def tell_optuna_style(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
+                      penalty: float) -> None:
+    """Optuna's usual conventions, for comparisons: pruned trials PRUNED, a missed target the
+    penalty value, failures FAIL."""
+    trial.set_user_attr(OUTCOME_KEY, result.outcome)
+    trial.set_user_attr("stop_reason", result.reason)
+    trial.set_user_attr("best_metric", result.best_metric)
+    if result.outcome == "reached":
+        trial.set_user_attr("tta_s", result.value)
+        study.tell(trial, result.value)
+    elif result.outcome == "failed":
+        study.tell(trial, state=TrialState.FAIL)
+    elif result.reason == "median":
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, penalty)
+
+
+def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
+                target: float) -> None:
+    """Records ``result`` on ``trial`` and tells Optuna, as the module docstring describes."""
+    trial.set_user_attr(OUTCOME_KEY, result.outcome)
+    trial.set_user_attr("stop_reason", result.reason)
+    trial.set_user_attr("best_metric", result.best_metric)
+    for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps"):
+        if key in result.summary:
+            trial.set_user_attr(key, result.summary[key])
+    if result.detail:
+        trial.set_user_attr("detail", result.detail[:1000])
+    if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    if result.outcome == "failed":  # the configuration's fault: teach the sampler
+        trial.set_constraint(CONSTRAINT, 1.0 + target)
+        study.tell(trial, result.value or 0.0)
+        return
+    violation = target - result.best_metric
+    trial.set_constraint(CONSTRAINT, violation if result.outcome == "reached"
+                         else max(violation, 1e-9))
+    if result.outcome == "reached":
+        trial.set_user_attr("tta_s", result.value)
+    study.tell(trial, result.value)

@@ -1,0 +1,333 @@
+"""Curve tables: recorded (or surrogate) learning curves a replayed study trains from.
+
+A table answers one question: what would training this configuration report? ``train(params)``
+returns a ``Run``: the evaluations (elapsed seconds, the target metric, epochs done), the
+planned epochs and how the run ended. Three sources:
+
+* ``autotune:PATH``: a table recorded by ``benchmarks/search_efficiency.py record`` (the
+  quickstart study's configurations; a proposal trains as its nearest recorded row);
+* ``opda:PATH``: a JSON-lines file in the format of opda's tuning results (Lourie et al.,
+  "Show Your Work with Confidence", 2023): one line a training run with its hyperparameters
+  and ``learning_curve`` (after each epoch: cumulative ``time``, ``top_1``, ``top_5``); a
+  proposal trains as its nearest recorded run;
+* ``yahpo-lcbench:INSTANCE``: the YAHPO Gym LCBench surrogate (Pfisterer et al., 2022), queried
+  at every epoch for the proposed configuration itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from .._spread import Embedded
+
+__all__ = ["Run", "Table", "TableError", "load_table"]
+
+
+class TableError(ValueError):
+    """A table that cannot be read: the message says what is wrong and what is expected."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """What training one configuration reports."""
+
+    times: tuple[float, ...]          # elapsed seconds at each evaluation
+    values: tuple[float, ...]         # the target metric at each evaluation (0-1)
+    epochs: tuple[float, ...]         # epochs done at each evaluation
+    planned_epochs: float
+    end: str = "planned_epochs"       # planned_epochs | diverged: how the run ended after them
+    end_s: float | None = None        # elapsed seconds at its end (default: the last evaluation)
+    losses: tuple[float | None, ...] = ()
+    overhead_s: float = 0.0           # paid besides the training clock, every trial
+    launch_s: float = 0.0             # paid at a worker's first trial (warm ranks after it)
+
+    def reached_at(self, target: float) -> float | None:
+        return next((t for t, v in zip(self.times, self.values, strict=True) if v >= target),
+                    None)
+
+    @property
+    def elapsed(self) -> float:
+        if self.end_s is not None:
+            return self.end_s
+        return self.times[-1] if self.times else 0.0
+
+
+@dataclass
+class Table:
+    """A replay's source of training runs.
+
+    ``space``: what the samplers search (Optuna distributions); ``sample(trial)`` draws a
+    point from it (default: one suggestion a parameter); ``train(params)``: the run.
+    ``runs``: the recorded runs, or a sample of the surrogate's, which set the goal.
+    ``num_classes``: for the chance accuracy (None: unknown, the at-chance rule is off).
+    """
+
+    name: str
+    target: float
+    runs: list[Run]
+    space: dict[str, BaseDistribution]
+    train: Callable[[dict[str, Any]], Run]
+    num_classes: int | None = None
+    metric: str = "top1"
+    sample: Callable[[optuna.Trial], dict[str, Any]] | None = None
+    credit: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def propose(self, trial: optuna.Trial) -> dict[str, Any]:
+        if self.sample is not None:
+            return self.sample(trial)
+        return {name: trial._suggest(name, dist) for name, dist in self.space.items()}
+
+    @property
+    def best_tta(self) -> float:
+        times = [t for t in (r.reached_at(self.target) for r in self.runs) if t is not None]
+        if not times:
+            raise TableError(f"no run of table {self.name} reaches {self.metric} >= "
+                             f"{self.target}; give a lower --target")
+        return min(times)
+
+    @property
+    def longest(self) -> float:
+        return max(r.elapsed for r in self.runs)
+
+
+def _nearest(space: dict[str, BaseDistribution], points: list[dict[str, Any]],
+             runs: list[Run]) -> Callable[[dict[str, Any]], Run]:
+    embedded = Embedded(space, points)
+
+    def train(params: dict[str, Any]) -> Run:
+        return runs[int(embedded.distances(params).argmin())]
+    return train
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise TableError(f"no table at {path}: give the path of a JSON-lines file")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TableError(f"{path}, line {number}, is not JSON ({e.msg}); a table has one "
+                             "JSON object a line") from None
+        if not isinstance(row, dict):
+            raise TableError(f"{path}, line {number}, is not a JSON object")
+        rows.append(row)
+    if not rows:
+        raise TableError(f"{path} holds no runs")
+    return rows
+
+
+# -- opda ---------------------------------------------------------------------------------------
+OPDA_SPACE: dict[str, BaseDistribution] = {
+    # opda's ConvNeXt random search drew from these; a proposal trains as the nearest run.
+    "epochs": IntDistribution(20, 100),
+    "batch_size": CategoricalDistribution([128, 256, 512, 1024]),
+    "lr": FloatDistribution(5e-3, 5e1, log=True),
+    "lr_peak_share": FloatDistribution(0.0, 0.8),
+    "momentum": FloatDistribution(0.7, 1.0),
+    "weight_decay": FloatDistribution(1e-6, 1e-3, log=True),
+    "label_smoothing": FloatDistribution(0.0, 0.5),
+}
+_OPDA_KEYS = ("epochs", "batch_size", "lr", "lr_peak_epoch", "momentum", "weight_decay",
+              "label_smoothing", "learning_curve")
+
+
+def _opda_run(row: dict[str, Any], metric: str, where: str) -> Run:
+    curve = row["learning_curve"]
+    if not isinstance(curve, list):
+        raise TableError(f"{where}: learning_curve must be a list of evaluations")
+    key = {"top1": "top_1", "top5": "top_5"}[metric]
+    try:
+        times = tuple(float(p["time"]) for p in curve)
+        values = tuple(float(p[key]) for p in curve)
+        done = tuple(float(p.get("epoch", i)) + 1 for i, p in enumerate(curve))
+        losses = tuple(p.get("train_loss") for p in curve)
+    except (KeyError, TypeError, ValueError) as e:
+        raise TableError(f"{where}: each learning_curve entry needs time and {key} "
+                         f"numbers ({e})") from None
+    if any(b < a for a, b in zip(times, times[1:], strict=False)):
+        raise TableError(f"{where}: learning_curve times must not decrease")
+    epochs = float(row["epochs"])
+    diverged = bool(row.get("nan_train_loss")) and len(curve) < epochs
+    return Run(times, values, done, epochs, "diverged" if diverged else "planned_epochs",
+               losses=tuple(float(x) if isinstance(x, int | float) else None for x in losses))
+
+
+def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 1000) -> Table:
+    """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target``."""
+    rows = _read_lines(path)
+    points, runs = [], []
+    for number, row in enumerate(rows, start=1):
+        where = f"{path}, line {number}"
+        missing = [k for k in _OPDA_KEYS if k not in row]
+        if missing:
+            raise TableError(f"{where} lacks {', '.join(missing)}; an opda run has "
+                             f"{', '.join(_OPDA_KEYS)}")
+        runs.append(_opda_run(row, metric, where))
+        points.append({"epochs": int(row["epochs"]), "batch_size": int(row["batch_size"]),
+                       "lr": float(row["lr"]),
+                       "lr_peak_share": float(row["lr_peak_epoch"]) / float(row["epochs"]),
+                       "momentum": float(row["momentum"]),
+                       "weight_decay": float(row["weight_decay"]),
+                       "label_smoothing": float(row["label_smoothing"])})
+    space = dict(OPDA_SPACE)
+    choices = sorted({p["batch_size"] for p in points})
+    if set(choices) - set(OPDA_SPACE["batch_size"].choices):  # type: ignore[attr-defined]
+        space["batch_size"] = CategoricalDistribution(choices)
+    # A run whose loss went NaN before its first evaluation: it cost about half an epoch.
+    firsts = [r.times[0] for r in runs if r.times]
+    if not firsts:
+        raise TableError(f"{path}: no run has an evaluation")
+    half_epoch = 0.5 * statistics.median(firsts)
+    runs = [r if r.times else Run((), (), (), r.planned_epochs, "diverged", end_s=half_epoch)
+            for r in runs]
+    for i, r in enumerate(runs):
+        if r.end == "diverged" and r.times:
+            gap = r.times[-1] / max(len(r.times), 1)
+            runs[i] = Run(r.times, r.values, r.epochs, r.planned_epochs, "diverged",
+                          end_s=r.times[-1] + 0.5 * gap, losses=r.losses)
+    return Table(f"opda:{path.name}", target, runs, space, _nearest(space, points, runs),
+                 num_classes=num_classes, metric=metric,
+                 credit="opda tuning data (Lourie et al., arXiv 2311.09480; CC BY-SA 4.0)")
+
+
+# -- autotune's own recorded tables --------------------------------------------------------------
+def autotune_table(path: Path, target: float = 0.97, world_size: int = 2) -> Table:
+    """A table recorded by ``benchmarks/search_efficiency.py record`` (quickstart study)."""
+    from ..space import load_space
+
+    rows = _read_lines(path)
+    space = load_space("quickstart", world_size=world_size)
+    runs, points = [], []
+    for number, row in enumerate(rows, start=1):
+        try:
+            curve, params = row["curve"], row["params"]
+            planned = float(row["epochs"])
+            runs.append(Run(tuple(float(p[0]) for p in curve), tuple(float(p[1]) for p in curve),
+                            tuple(float(p[3]) * planned for p in curve), planned,
+                            "diverged" if row.get("end_reason") == "diverged"
+                            else "planned_epochs", end_s=float(row["elapsed_s"]),
+                            losses=tuple(p[4] if len(p) > 4 else None for p in curve),
+                            overhead_s=float(row.get("overhead_s", 0.0)),
+                            launch_s=float(row.get("launch_s", 0.0))
+                            if row.get("warm_ranks") else 0.0))
+            points.append(params)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise TableError(f"{path}, line {number}, is not a recorded autotune row "
+                             f"({type(e).__name__}: {e})") from None
+
+    def features(p: dict[str, Any]) -> list[float]:
+        return [math.log2(p["global_batch"]) / 5, math.log10(p["lr_per_256"]) / 2.3,
+                p["warmup_epochs"] / 2, p["label_smoothing"] / 0.2, (p["epochs"] - 3) / 9]
+
+    def train(params: dict[str, Any]) -> Run:
+        f = features(params)
+        return runs[min(range(len(points)), key=lambda i: math.dist(f, features(points[i]))
+                        + (0.0 if points[i]["decay"] == params["decay"] else 0.5))]
+
+    return Table(f"autotune:{path.name}", target, runs, {}, train, num_classes=10,
+                 sample=space.sample)
+
+
+# -- YAHPO Gym LCBench -------------------------------------------------------------------------
+def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
+                  top_share: float = 0.02, sample_size: int = 2000, seed: int = 0) -> Table:
+    """The LCBench surrogate for OpenML task ``instance`` (``data_path`` holds YAHPO's
+    ``lcbench`` folder). Without ``target``, the target is the validation accuracy the best
+    ``top_share`` of ``sample_size`` random configurations reach by their last epoch."""
+    try:
+        from yahpo_gym import BenchmarkSet, local_config
+    except ImportError:
+        raise TableError("yahpo-lcbench tables need the yahpo-gym package: "
+                         "pip install yahpo-gym") from None
+    if not (data_path / "lcbench" / "model.onnx").is_file():
+        raise TableError(f"no YAHPO LCBench surrogate under {data_path} (expected "
+                         f"{data_path / 'lcbench' / 'model.onnx'})")
+    local_config.init_config()
+    local_config.set_data_path(str(data_path))
+    bench = BenchmarkSet("lcbench", check=False)
+    if instance not in bench.instances:
+        raise TableError(f"LCBench has no instance {instance!r}; it has "
+                         f"{', '.join(sorted(bench.instances)[:6])}, ...")
+    bench.set_instance(instance)
+    cs = bench.get_opt_space(drop_fidelity_params=True)
+    space: dict[str, BaseDistribution] = {}
+    for hp in cs.values():
+        if hp.name == "OpenML_task_id":
+            continue
+        if hasattr(hp, "choices"):
+            space[hp.name] = CategoricalDistribution(list(hp.choices))
+        elif type(hp).__name__.startswith("Integer"):
+            space[hp.name] = IntDistribution(int(hp.lower), int(hp.upper), log=bool(hp.log))
+        else:
+            space[hp.name] = FloatDistribution(float(hp.lower), float(hp.upper),
+                                               log=bool(hp.log))
+    epochs = 52
+    cache: dict[tuple[Any, ...], Run] = {}
+
+    def train(params: dict[str, Any]) -> Run:
+        key = tuple(sorted(params.items()))
+        if key not in cache:
+            queries = [{**params, "OpenML_task_id": instance, "epoch": e}
+                       for e in range(1, epochs + 1)]
+            out = bench.objective_function(queries)
+            times = tuple(float(o["time"]) for o in out)
+            values = tuple(min(max(float(o["val_accuracy"]) / 100.0, 0.0), 1.0) for o in out)
+            # the surrogate's cumulative time may dip: keep it increasing
+            mono = tuple(max(times[: i + 1]) for i in range(len(times)))
+            cache[key] = Run(mono, values, tuple(float(e) for e in range(1, epochs + 1)),
+                             float(epochs))
+        return cache[key]
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    runs = []
+    for _ in range(sample_size):
+        trial = study.ask()
+        runs.append(train({n: trial._suggest(n, d) for n, d in space.items()}))
+        study.tell(trial, 0.0)
+    notes = []
+    if target is None:
+        finals = sorted((max(r.values) for r in runs), reverse=True)
+        target = finals[max(int(top_share * len(finals)) - 1, 0)]
+        notes.append(f"target {target:.4f}: the best validation accuracy the top "
+                     f"{100 * top_share:g}% of {sample_size} random configurations reach")
+    return Table(f"yahpo-lcbench:{instance}", float(target), runs, space, train,
+                 num_classes=None, metric="top1",
+                 credit="YAHPO Gym LCBench surrogate (Pfisterer et al., arXiv 2109.03670; "
+                        "Apache-2.0)", notes=notes)
+
+
+def load_table(spec: str, target: float | None = None, *,
+               yahpo_data: Path | None = None) -> Table:
+    """``spec``: ``opda:PATH``, ``yahpo-lcbench:INSTANCE``, ``autotune:PATH`` or a bare path
+    (an autotune-recorded table)."""
+    kind, sep, rest = spec.partition(":")
+    if not sep or kind not in ("opda", "yahpo-lcbench", "autotune"):
+        kind, rest = "autotune", spec
+    if kind == "opda":
+        if target is None:
+            raise TableError("an opda table needs --target (the top-1 accuracy to reach, "
+                             "e.g. 0.70)")
+        return opda(Path(rest), target)
+    if kind == "yahpo-lcbench":
+        data = yahpo_data or Path(__file__).resolve().parents[3] / "shared" / "external" \
+            / "yahpo-lcbench"
+        return yahpo_lcbench(rest, data, target)
+    return autotune_table(Path(rest), 0.97 if target is None else target)

@@ -1,0 +1,145 @@
+"""One decision path: the worker's trial runner and the replay make the same decisions.
+
+The same recorded curve is fed (a) through the real worker path, `TrialRunner.run` with its
+report channel and a stand-in trainer process that plays the reports, and (b) through the
+replay (`autotune.replay`), each into a study holding the same earlier trials. Every reply,
+the outcome and what the study store holds must agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState, create_trial
+
+from autotune.config import StudyConfig
+from autotune.decisions import TrialResult, classify, curve_row
+from autotune.launch import ReportChannel
+from autotune.objective import TrialRunner, make_pruner, make_sampler
+from autotune.replay import Replay, Run, Table
+from autotune.space import load_space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+PLAYER = Path(__file__).resolve().parent / "_report_player.py"
+PARAMS = {"global_batch": 128, "lr_per_256": 0.05, "warmup_epochs": 0.0, "decay": "cosine",
+          "label_smoothing": 0.0, "epochs": 4}
+
+
+def _earlier_trials(study: optuna.Study) -> None:
+    """A trial that reached 0.97 at 9 s and two that were stopped, as a study would hold."""
+    rising = [[3.0 * k, min(0.3 * k, 0.975), 0.9, k / 4, 1.0] for k in range(1, 5)]
+    slow = [[3.0 * k, 0.2 + 0.05 * k, 0.6, k / 8, 2.0] for k in range(1, 4)]
+    for value, outcome, curve in ((9.0, "reached", rising[:3]), (9.0, "censored", slow),
+                                  (6.0, "censored", slow[:2])):
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, value=value,
+            user_attrs={"outcome": outcome, "curve": curve, "elapsed_s": curve[-1][0]},
+            system_attrs={"constraints": [0.0 if outcome == "reached" else 0.5]}))
+
+
+def _reports(points: list[tuple[float, float]], epochs: int) -> list[dict]:
+    reports = []
+    for i, (t, top1) in enumerate(points):
+        msg = {"index": i, "elapsed_s": t, "epoch": epochs * (i + 1) / len(points),
+               "top1": top1, "top5": min(top1 + 0.2, 1.0), "loss": 1.0 - top1}
+        if top1 >= 0.97:
+            msg["reached"] = True
+        reports.append(msg)
+    return reports
+
+
+def _through_the_worker(tmp_path: Path, reports: list[dict]) -> tuple[TrialResult, list,
+                                                                      optuna.Study]:
+    cfg = StudyConfig()
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, warm_ranks=False))
+    study = optuna.create_study(direction="minimize", sampler=make_sampler(cfg, 0),
+                                pruner=make_pruner(cfg))
+    _earlier_trials(study)
+    study.enqueue_trial(PARAMS)
+    played = tmp_path / "reports.json"
+    played.write_text(json.dumps(reports))
+    replies = tmp_path / "replies.json"
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None,
+                         tmp_path / "runs", None)
+
+    def command(plan_path: Path) -> tuple[ReportChannel, list[str]]:
+        channel = ReportChannel()
+        return channel, [sys.executable, str(PLAYER), channel.address, str(played),
+                         str(replies)]
+
+    runner._command = command  # the stand-in trainer, launched as the real one is
+    with runner:
+        result = runner.run(study)
+    return result, json.loads(replies.read_text()), study
+
+
+def _through_the_replay(reports: list[dict], epochs: int) -> tuple[TrialResult, list,
+                                                                   optuna.Study]:
+    run = Run(tuple(r["elapsed_s"] for r in reports), tuple(r["top1"] for r in reports),
+              tuple(r["epoch"] for r in reports), float(epochs),
+              losses=tuple(r["loss"] for r in reports))
+    space = load_space("quickstart", world_size=2)
+    reaches = Run((5.0,), (0.98,), (4.0,), 4.0)     # a goal for the table; never trained
+    table = Table("one curve", 0.97, [run, reaches], {}, lambda params: run, num_classes=10,
+                  sample=space.sample)
+    replay = Replay(table, "autotune", seed=0)
+    _earlier_trials(replay.study)
+    replay.study.enqueue_trial(PARAMS)
+    result, replies = replay.one_trial()
+    return result, replies, replay.study
+
+
+CURVES = {
+    # slow: stopped once it cannot beat the best TTA (9 s)
+    "stopped": [(2.0, 0.3), (4.0, 0.4), (6.0, 0.45), (8.0, 0.5), (10.0, 0.55), (12.0, 0.6)],
+    # fast: reaches 0.97 at 6 s, a new best
+    "reached": [(2.0, 0.5), (4.0, 0.85), (6.0, 0.975), (8.0, 0.98)],
+    # promising until its next evaluation comes late: the trainer stops at the deadline
+    "deadline": [(2.0, 0.5), (4.0, 0.8), (6.0, 0.9), (10.0, 0.96)],
+    # at chance past half its schedule: diverged
+    "diverged": [(1.0, 0.1), (2.0, 0.1), (3.0, 0.1), (4.0, 0.1), (5.0, 0.1)],
+}
+
+
+@pytest.mark.parametrize("name", list(CURVES))
+def test_the_worker_and_the_replay_make_the_same_decisions_on_a_curve(tmp_path, name):
+    reports = _reports(CURVES[name], PARAMS["epochs"])
+    real, real_replies, real_study = _through_the_worker(tmp_path, reports)
+    replayed, replay_replies, replay_study = _through_the_replay(reports, PARAMS["epochs"])
+    assert real.outcome != "failed" or real.reason == "diverged", real.detail
+    assert real_replies == replay_replies
+    assert (real.outcome, real.reason, real.value, real.evals) == \
+        (replayed.outcome, replayed.reason, replayed.value, replayed.evals)
+    mine, theirs = real_study.trials[-1], replay_study.trials[-1]
+    assert mine.state == theirs.state and mine.value == theirs.value
+    for key in ("outcome", "stop_reason", "best_metric", "elapsed_s"):
+        assert mine.user_attrs.get(key) == theirs.user_attrs.get(key), key
+    # a table holds the target metric only: the replay's rows leave top5 out
+    assert [r[:2] + r[3:] for r in mine.user_attrs["curve"]] == \
+        [r[:2] + r[3:] for r in theirs.user_attrs["curve"]]
+    assert mine.system_attrs.get("constraints") == theirs.system_attrs.get("constraints")
+    expected = {"stopped": ("censored", "projection"), "reached": ("reached", "reached"),
+                "deadline": ("censored", "bound"), "diverged": ("failed", "diverged")}[name]
+    assert (real.outcome, real.reason) == expected
+
+
+def test_the_curve_row_is_progress_through_the_planned_schedule():
+    row = curve_row({"elapsed_s": 3.14159, "top1": 0.5, "top5": 0.9, "epoch": 1.5,
+                     "loss": float("nan")}, planned_epochs=6)
+    assert row == [3.142, 0.5, 0.9, 0.25, None]
+
+
+def test_an_end_report_is_classified_by_its_reason():
+    end = {"reason": "stopped", "elapsed_s": 7.0}
+    assert classify(1, end, 0, "", 0.5, 3, "projection").reason == "projection"
+    assert classify(1, end, 0, "", 0.5, 3, "projection").outcome == "censored"
+    assert classify(1, None, -9, "killed", 0.5, 3, "").reason == "hung"
+    crashed = classify(1, None, 1, "Traceback ...", 0.5, 3, "")
+    assert crashed.outcome == "failed" and "Traceback" in crashed.detail
+    assert classify(1, {"reason": "diverged", "elapsed_s": 2.0}, 0, "", 0.1, 2,
+                    "diverged").detail == "accuracy still at chance"

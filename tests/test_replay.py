@@ -1,0 +1,154 @@
+"""The replay's tables and harness: opda and YAHPO loaders, asynchronous workers, the
+baselines' rules. Checks the harness, not a ratio."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.replay import METHODS, Replay, TableError, WallClockASHA, load_table
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+EXTERNAL = Path(os.environ.get("AUTOTUNE_EXTERNAL_DATA",
+                               Path(__file__).resolve().parents[2] / "shared" / "external"))
+
+
+def _opda_line(i: int, epochs: int, batch: int, lr: float, tops: list[float],
+               epoch_s: float, nan: bool = False) -> dict:
+    return {"iteration": i, "nan_train_loss": nan, "epochs": epochs, "batch_size": batch,
+            "lr": lr, "lr_peak_epoch": epochs // 4, "momentum": 0.9, "weight_decay": 5e-5,
+            "label_smoothing": 0.1,
+            "learning_curve": [{"time": epoch_s * (k + 1), "epoch": k, "top_1": top,
+                                "top_5": min(top + 0.2, 1.0), "train_loss": 5.0 - 4 * top}
+                               for k, top in enumerate(tops)]}
+
+
+def _opda_file(tmp_path: Path) -> Path:
+    """Six runs written here in opda's format: a fast one that reaches 0.7 late, slower ones,
+    one that diverged after two epochs and one whose loss went NaN before any evaluation."""
+    lines = [
+        _opda_line(1, 20, 1024, 0.8, [0.01 + 0.0365 * k for k in range(20)], 600.0),
+        _opda_line(2, 30, 512, 0.3, [0.02 + 0.0243 * k for k in range(30)], 900.0),
+        _opda_line(3, 40, 256, 0.1, [0.05 + 0.018 * k for k in range(40)], 1300.0),
+        _opda_line(4, 25, 128, 0.05, [0.01 + 0.01 * k for k in range(25)], 2000.0),
+        _opda_line(5, 60, 1024, 30.0, [0.001, 0.001], 600.0, nan=True),
+        _opda_line(6, 50, 512, 40.0, [], 900.0, nan=True),
+    ]
+    path = tmp_path / "tuning.results.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_an_opda_file_becomes_a_table_of_runs(tmp_path):
+    table = load_table(f"opda:{_opda_file(tmp_path)}", 0.70)
+    assert len(table.runs) == 6 and table.num_classes == 1000
+    fast = table.runs[0]
+    assert fast.times[:2] == (600.0, 1200.0) and fast.epochs[:2] == (1.0, 2.0)
+    assert fast.planned_epochs == 20 and fast.end == "planned_epochs"
+    assert table.best_tta == pytest.approx(600.0 * 20)       # 0.01 + 0.0365 * 19 >= 0.70
+    diverged, empty = table.runs[4], table.runs[5]
+    assert diverged.end == "diverged" and diverged.elapsed == pytest.approx(1200 + 300)
+    assert empty.end == "diverged" and empty.times == () and empty.elapsed > 0
+    # a proposal trains as its nearest recorded run
+    assert table.train({"epochs": 21, "batch_size": 1024, "lr": 0.7, "lr_peak_share": 0.25,
+                        "momentum": 0.9, "weight_decay": 5e-5, "label_smoothing": 0.1}) is fast
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json\n", "line 1, is not JSON"),
+    ('{"epochs": 3}\n', "lacks batch_size"),
+    ("", "holds no runs"),
+])
+def test_a_broken_opda_file_is_refused_with_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(TableError, match=message):
+        load_table(f"opda:{path}", 0.7)
+
+
+def test_an_opda_table_needs_a_target_that_some_run_reaches(tmp_path):
+    path = _opda_file(tmp_path)
+    with pytest.raises(TableError, match="needs --target"):
+        load_table(f"opda:{path}")
+    with pytest.raises(TableError, match="no run of table .* reaches top1 >= 0.9"):
+        _ = load_table(f"opda:{path}", 0.9).best_tta
+    with pytest.raises(TableError, match="no table at"):
+        load_table(f"opda:{tmp_path / 'missing.jsonl'}", 0.7)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("workers", [1, 8])
+def test_every_method_replays_an_opda_table_with_one_or_eight_workers(tmp_path, method,
+                                                                      workers):
+    table = load_table(f"opda:{_opda_file(tmp_path)}", 0.60)
+    replay = Replay(table, method, seed=1, workers=workers, max_trials=24,
+                    min_compute_factor=2.0)
+    outcome = replay.run()
+    trials = replay.study.trials
+    assert outcome.trials == len(outcome.spent) == len([t for t in trials
+                                                         if t.state.is_finished()])
+    assert outcome.compute == pytest.approx(sum(o + s for _, o, s in outcome.spent))
+    assert not any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+    for goal, found in outcome.found.items():
+        if found:   # found within what the workers had spent by then
+            assert 0 < outcome.to_goal[goal] <= workers * outcome.compute
+            assert outcome.to_goal[goal] >= table.best_tta   # it trained that long at least
+        else:
+            assert outcome.to_goal[goal] == outcome.compute
+
+
+def test_eight_workers_run_trials_side_by_side(tmp_path):
+    table = load_table(f"opda:{_opda_file(tmp_path)}", 0.60)
+    replay = Replay(table, "random", seed=0, workers=8, max_trials=16, min_compute_factor=0.0)
+    replay.run()
+    starts = sorted(t.datetime_start for t in replay.study.trials)
+    # the first eight trials were asked for before any of them ended
+    first_end = min(t.datetime_complete for t in replay.study.trials)
+    assert sum(s <= first_end for s in starts) >= 8
+
+
+def test_autotune_stops_losing_trials_on_an_opda_table(tmp_path):
+    table = load_table(f"opda:{_opda_file(tmp_path)}", 0.60)
+    outcome = Replay(table, "autotune", seed=0, max_trials=30, min_compute_factor=0.0).run()
+    reasons = {reason for reason, _, _ in outcome.spent}
+    assert "reached" in reasons and reasons & {"bound", "projection", "rung"}
+    assert outcome.found[1.5]
+
+
+def test_wall_clock_asha_stops_the_bottom_of_each_rung_as_ray_tune_does():
+    asha = WallClockASHA(eta=3, grace=10.0)       # rungs at 10, 30, 90 s
+    assert not asha.on_result(0, 5.0, 0.1)        # before the grace period
+    assert not asha.on_result(0, 10.0, 0.5)       # first at the rung: recorded
+    assert not asha.on_result(1, 11.0, 0.6)       # above the 67th percentile of [0.5]
+    assert asha.on_result(2, 12.0, 0.4)           # below it: stopped
+    assert not asha.on_result(1, 20.0, 0.1)       # already recorded at that rung: goes on
+    assert not asha.on_result(1, 32.0, 0.6)       # first at the next rung: recorded
+    assert asha.on_result(3, 31.0, 0.05)          # the highest rung it passed decides alone
+    assert set(asha.rungs[1]) == {1, 3} and set(asha.rungs[0]) == {0, 1, 2}
+
+
+def test_the_grace_period_is_the_studys_first_report():
+    asha = WallClockASHA(eta=3)
+    asha.on_result(0, 600.0, 0.01)
+    assert asha.grace == 600.0
+
+
+@pytest.mark.skipif(not (EXTERNAL / "yahpo-lcbench" / "lcbench" / "model.onnx").is_file(),
+                    reason="the YAHPO LCBench surrogate is not beside the repository")
+def test_a_yahpo_instance_replays_through_the_surrogate():
+    pytest.importorskip("yahpo_gym")
+    table = load_table("yahpo-lcbench:167168", yahpo_data=EXTERNAL / "yahpo-lcbench")
+    assert table.num_classes is None and 0.3 < table.target < 1.0
+    assert table.notes and "top 2%" in table.notes[0]
+    run = table.runs[0]
+    assert run.planned_epochs == 52 and len(run.times) == 52
+    assert all(b >= a for a, b in zip(run.times, run.times[1:], strict=False))
+    for method in ("autotune", "asha_wallclock"):
+        outcome = Replay(table, method, seed=0, max_trials=20, min_compute_factor=0.0).run()
+        assert outcome.trials >= 20 and outcome.compute > 0
+    with pytest.raises(TableError, match="LCBench has no instance"):
+        load_table("yahpo-lcbench:nosuch", yahpo_data=EXTERNAL / "yahpo-lcbench")
