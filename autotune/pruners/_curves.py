@@ -15,22 +15,31 @@ class Curve:
 
     ``progress`` is the fraction of the trial's planned schedule done at each evaluation
     (epochs done / planned epochs), so the planned end is about ``times[-1] / progress[-1]``.
-    ``reached_at`` is the TTA of a trial that reached the target.
+    ``reached_at`` is the TTA of a trial that reached the target. ``running``: the trial goes
+    on (False once it ended); ``failed``: it ended failed (diverged, out of memory, crashed).
     """
 
     times: tuple[float, ...]
     values: tuple[float, ...]
     progress: tuple[float, ...] = ()
     reached_at: float | None = None
+    running: bool = True
+    failed: bool = False
 
     @classmethod
     def of(cls, points: Sequence[Sequence[float]], metric_index: int = 1,
-           reached_at: float | None = None) -> Curve:
+           reached_at: float | None = None, running: bool = True,
+           failed: bool = False) -> Curve:
         """From stored rows ``[elapsed, top1, top5, progress, ...]``."""
         rows = [p for p in points if p[metric_index] is not None]
         return cls(tuple(float(p[0]) for p in rows), tuple(float(p[metric_index]) for p in rows),
                    tuple(float(p[3]) if len(p) > 3 and p[3] is not None else 0.0 for p in rows),
-                   reached_at)
+                   reached_at, running, failed)
+
+    @property
+    def best(self) -> float:
+        """The best value so far (0 before any evaluation)."""
+        return max(self.values, default=0.0)
 
     @property
     def elapsed(self) -> float:

@@ -3,8 +3,9 @@
 Each rule answers one question about a running trial and returns a stop reason or None:
 
 * ``diverged``: the loss is NaN or infinite; or accuracy is at chance with a validation loss
-  past ``blowup_loss`` (the weights have blown up: logits millions apart); or accuracy is still
-  at chance after a set share of the planned schedule;
+  past ``blowup_loss`` (the weights have blown up: logits millions apart); or the best accuracy
+  so far is still at chance after a set share of the planned schedule (one evaluation's dip to
+  chance after a rise is not divergence);
 * ``bound``: its elapsed time has passed the best TTA (times a margin), or its next
   evaluation cannot come before it: it cannot win (TTA is taken at an evaluation);
 * ``projection``: even an optimistic projection of its TTA (its best accuracy so far, at the
@@ -12,7 +13,11 @@ Each rule answers one question about a running trial and returns a stop reason o
 * ``rung``: at wall-clock rungs (``min_rung_s`` x eta^k seconds) it is in the bottom
   1 - 1/eta of the trials that got there, compared at equal elapsed time, as ASHA does
   asynchronously, unless its projection says it can still win (a long schedule that is behind
-  early and wins late survives).
+  early and wins late survives). Before any trial has reached the target, "can still win" is
+  judged against the peers ahead of it at that rung that can still reach: running ones at
+  their optimistic TTA, ended ones only where their curves project a TTA past their end. A
+  trial that ended (stopped, diverged, or done with its schedule) never lends its stop time as
+  a TTA.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from dataclasses import dataclass
 
 from ._curves import Curve, interpolate
 
-__all__ = ["Rules", "decide", "next_evaluation", "optimistic_tta", "rungs_crossed"]
+__all__ = ["Rules", "could_reach", "decide", "next_evaluation", "optimistic_tta",
+           "rungs_crossed"]
 
 
 @dataclass(frozen=True)
@@ -109,19 +115,39 @@ def rungs_crossed(before: float, now: float, rules: Rules) -> list[float]:
     return found
 
 
-def _rung(curve: Curve, others: Sequence[Curve], rules: Rules) -> bool:
+def _rung_leaders(curve: Curve, others: Sequence[Curve], rules: Rules) -> list[Curve] | None:
+    """At a rung crossed since the trial's last evaluation where it is in the bottom
+    1 - 1/eta of the trials that got there: the peers ahead of it there. None: no rung it
+    crossed puts it at the bottom."""
     before = curve.times[-2] if len(curve.times) >= 2 else 0.0
     for t in rungs_crossed(before, curve.elapsed, rules):
         mine = interpolate(curve, t)
-        peers = [v for v in (interpolate(o, t) for o in others
-                             if o.elapsed >= t or o.reached_at is not None) if v is not None]
+        there = [(o, interpolate(o, t)) for o in others
+                 if o.elapsed >= t or o.reached_at is not None]
+        peers = [(o, v) for o, v in there if v is not None]
         if mine is None or len(peers) < rules.min_peers:
             continue
-        ranked = sorted([*peers, mine], reverse=True)
+        ranked = sorted([*(v for _, v in peers), mine], reverse=True)
         keep = max(1, math.floor(len(ranked) / rules.eta))
         if mine < ranked[keep - 1]:
-            return True
-    return False
+            return [o for o, v in peers if v > mine]
+    return None
+
+
+def could_reach(curve: Curve, rules: Rules) -> float:
+    """The earliest TTA a trial can still show: its TTA once reached; a running trial's
+    optimistic TTA; for one that ended without reaching, the TTA its curve projects past its
+    end (infinite where it failed, ran its whole schedule, or projects nothing later than its
+    stop: its stop time is no TTA)."""
+    if curve.reached_at is not None:
+        return curve.reached_at
+    projected = optimistic_tta(curve, rules)
+    if curve.running:
+        return projected
+    done = bool(curve.progress) and curve.progress[-1] >= 1.0
+    if curve.failed or done or projected <= curve.elapsed:
+        return math.inf
+    return projected
 
 
 def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules: Rules,
@@ -135,7 +161,8 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
     if at_chance and loss is not None and loss > rules.blowup_loss:
         return "diverged"
     progress = curve.progress[-1] if curve.progress else 0.0
-    if at_chance and progress >= rules.diverge_after:
+    never_left_chance = bool(curve.values) and curve.best <= rules.chance * 1.5
+    if never_left_chance and progress >= rules.diverge_after:
         return "diverged"
     if curve.reached_at is not None or not curve.times:
         return None
@@ -146,12 +173,13 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
     projected = optimistic_tta(curve, rules)
     if deadline is not None and projected > deadline and len(curve.times) >= 2:
         return "projection"
-    if _rung(curve, others, rules):
+    leaders = _rung_leaders(curve, others, rules)
+    if leaders is not None:
         # The trap: a long schedule is behind early and wins late. It survives while its
-        # optimistic TTA beats the best TTA, or, before any trial reached the target, the best
-        # any other trial could still do.
+        # optimistic TTA beats the best TTA, or, before any trial reached the target, what
+        # the peers ahead of it at the rung can still do.
         horizon = deadline if deadline is not None else min(
-            (optimistic_tta(o, rules) for o in others), default=math.inf)
+            (could_reach(o, rules) for o in leaders), default=math.inf)
         if projected > horizon:
             return "rung"
     return None

@@ -54,8 +54,10 @@ class TimeToAccuracyPruner(optuna.pruners.BasePruner):
         return None if best is None else best * self.margin
 
     def _curve(self, trial: FrozenTrial) -> Curve:
-        reached = trial.value if trial.user_attrs.get(OUTCOME_KEY) == "reached" else None
-        return Curve.of(trial.user_attrs.get(CURVE_KEY, []), _METRIC_INDEX[self.metric], reached)
+        outcome = trial.user_attrs.get(OUTCOME_KEY)
+        reached = trial.value if outcome == "reached" else None
+        return Curve.of(trial.user_attrs.get(CURVE_KEY, []), _METRIC_INDEX[self.metric], reached,
+                        running=trial.state == TrialState.RUNNING, failed=outcome == "failed")
 
     def decide(self, study: optuna.Study, trial: FrozenTrial) -> str | None:
         """The reason to stop ``trial`` now (bound, projection, rung, diverged), or None."""
