@@ -12,6 +12,7 @@ from autotune.pruners import (
     Rules,
     TimeToAccuracyPruner,
     best_tta,
+    could_reach,
     decide,
     interpolate,
     next_evaluation,
@@ -204,3 +205,65 @@ def test_bad_pruner_settings_are_refused():
         TimeToAccuracyPruner(0.9, margin=0.5)
     with pytest.raises(ValueError, match="metric must be top1 or top5"):
         TimeToAccuracyPruner(0.9, metric="top3")
+
+
+# -- before any trial reached: whom a rung loser is judged against (ImageNet-scale curves) ----
+IMAGENET = Rules(target=0.70, chance=0.001, eta=3.0, min_rung_s=2.0, min_peers=3)
+
+
+def _leaders() -> list[Curve]:
+    """Three running trials ahead at the 486 s rung, rising slowly (long schedules)."""
+    return [curve([(100.0 * k, 0.27 + 0.01 * k + 0.002 * i) for k in range(1, 7)],
+                  planned_s=10000.0) for i in range(3)]
+
+
+def _late_riser() -> Curve:
+    """Behind at the rung (0.23 against 0.30), but rising fast since its warm-up ended."""
+    return curve([(100.0, 0.002), (200.0, 0.004), (300.0, 0.02), (400.0, 0.1), (500.0, 0.25)],
+                 planned_s=8000.0)
+
+
+def test_a_rung_loser_is_never_stopped_by_another_trials_stop_time():
+    stopped_at_chance = Curve((100.0, 200.0, 335.0), (0.001, 0.001, 0.001),
+                              (0.01, 0.02, 0.03), running=False)
+    riser = _late_riser()
+    # its projection (about 750 s) beats what the trials ahead of it can still do
+    assert optimistic_tta(riser, IMAGENET) < min(optimistic_tta(o, IMAGENET)
+                                                 for o in _leaders())
+    assert decide(riser, [*_leaders(), stopped_at_chance], None, IMAGENET) is None
+    # the ended trial's stop time (335 s) is no TTA it could show
+    assert could_reach(stopped_at_chance, IMAGENET) == math.inf
+
+
+def test_a_rung_loser_is_stopped_when_the_trials_ahead_of_it_project_sooner():
+    slow = curve([(100.0, 0.05), (200.0, 0.06), (300.0, 0.07), (400.0, 0.08), (500.0, 0.09)],
+                 planned_s=10000.0)
+    fast_leaders = [curve([(100.0 * k, 0.1 * k + 0.01 * i) for k in range(1, 7)],
+                          planned_s=2000.0) for i in range(3)]
+    assert decide(slow, fast_leaders, None, IMAGENET) == "rung"
+
+
+def test_what_an_ended_trial_could_still_reach():
+    points = ((100.0, 0.1), (200.0, 0.3), (300.0, 0.4))
+    stopped = Curve(tuple(t for t, _ in points), tuple(v for _, v in points),
+                    (0.1, 0.2, 0.3), running=False)
+    assert stopped.elapsed < could_reach(stopped, IMAGENET) < math.inf   # its projection
+    running = Curve(stopped.times, stopped.values, stopped.progress)
+    assert could_reach(running, IMAGENET) == optimistic_tta(running, IMAGENET)
+    done = Curve(stopped.times, stopped.values, (0.33, 0.67, 1.0), running=False)
+    assert could_reach(done, IMAGENET) == math.inf            # ran its whole schedule
+    failed = Curve(stopped.times, stopped.values, stopped.progress, running=False, failed=True)
+    assert could_reach(failed, IMAGENET) == math.inf
+    reached = Curve(stopped.times, (0.5, 0.7, 0.72), stopped.progress, reached_at=200.0,
+                    running=False)
+    assert could_reach(reached, IMAGENET) == 200.0
+
+
+def test_one_evaluations_drop_to_chance_at_half_the_schedule_is_not_divergence():
+    # a ConvNeXt run at 0.33 top-1 fell to 0.001 for one epoch at half its schedule, and
+    # later reached 0.66: the at-chance rule judges its best accuracy so far
+    dipped = Curve((100.0, 200.0, 300.0, 400.0), (0.2, 0.33, 0.3, 0.001),
+                   (0.125, 0.25, 0.375, 0.5))
+    assert decide(dipped, [], None, IMAGENET) is None
+    flat = Curve(dipped.times, (0.001, 0.0012, 0.001, 0.001), dipped.progress)
+    assert decide(flat, [], None, IMAGENET) == "diverged"
