@@ -223,18 +223,17 @@ def table_of(spec: str, target: float | None) -> Table:
     return _TABLES[key]
 
 
-def _replay_outcome(job: tuple[str, float | None, str, int, int]) -> Outcome:
+def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ...]]) -> Outcome:
     """One replayed study (in a pool worker)."""
-    spec, target, method, seed, workers = job
-    return Replay(table_of(spec, target), method, seed, workers=workers).run()
+    spec, target, method, seed, workers, goals = job
+    return Replay(table_of(spec, target), method, seed, workers=workers, goals=goals).run()
 
 
 def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
             jobs: int | None = None, workers: int = 1,
-            methods: tuple[str, ...] = METHODS) -> None:
+            methods: tuple[str, ...] = METHODS, goals: tuple[float, ...] = (1.5, 1.25)) -> None:
     table = table_of(spec, target)
     best = table.best_tta
-    goals = (1.5, 1.25)
     reaching = [r.reached_at(table.target) for r in table.runs]
     print(f"table {table.name}: {len(table.runs)} runs, "
           f"{sum(t is not None for t in reaching)} reach {table.metric} >= "
@@ -249,7 +248,7 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
     spent_by: dict[str, list[float]] = {}
     with multiprocessing.Pool(jobs) as pool:
         for method in methods:
-            outs = pool.map(_replay_outcome, [(spec, target, method, seed, workers)
+            outs = pool.map(_replay_outcome, [(spec, target, method, seed, workers, goals)
                                               for seed in range(seeds)])
             spent_by[method] = [o.to_goal[goals[0]] for o in outs]
             parts = []
@@ -484,6 +483,9 @@ def main() -> None:
                           "default where the best 2%% of configurations reach")
     cmp.add_argument("--workers", type=int, default=1,
                      help="asynchronous workers a study runs (default 1)")
+    cmp.add_argument("--goals", default="1.5,1.25",
+                     help="goal factors: a goal configuration has a TTA within FACTOR x the "
+                          "table's best; the first decides the ratios (default 1.5,1.25)")
     cmp.add_argument("--methods", default=",".join(METHODS),
                      help=f"comma-separated, of {','.join(METHODS)} (autotune always runs)")
     bd = sub.add_parser("breakdown", help="where autotune's compute goes, by how trials end")
@@ -524,7 +526,13 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown method {unknown[0]!r}; the methods: {', '.join(METHODS)}")
         methods = tuple(dict.fromkeys(("autotune", "random", *methods)))
-        compare(args.seeds, args.table, args.target, args.jobs, args.workers, methods)
+        try:
+            goals = tuple(float(g) for g in args.goals.split(",") if g)
+        except ValueError:
+            parser.error(f"--goals must be numbers >= 1 separated by commas, got {args.goals}")
+        if not goals or any(g < 1 for g in goals):
+            parser.error(f"--goals must be numbers >= 1 separated by commas, got {args.goals}")
+        compare(args.seeds, args.table, args.target, args.jobs, args.workers, methods, goals)
 
 
 if __name__ == "__main__":

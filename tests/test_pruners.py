@@ -267,3 +267,23 @@ def test_one_evaluations_drop_to_chance_at_half_the_schedule_is_not_divergence()
     assert decide(dipped, [], None, IMAGENET) is None
     flat = Curve(dipped.times, (0.001, 0.0012, 0.001, 0.001), dipped.progress)
     assert decide(flat, [], None, IMAGENET) == "diverged"
+
+
+def _finished_miss(i: int, planned_s: float) -> Curve:
+    """A trial that trained its whole schedule and ended at 0.55, short of 0.70."""
+    times = tuple(planned_s * k / 10 for k in range(1, 11))
+    values = tuple(0.30 + 0.025 * k + 0.001 * i for k in range(1, 11))
+    return Curve(times, values, tuple(k / 10 for k in range(1, 11)), running=False)
+
+
+def test_a_rung_loser_behind_trials_that_had_its_time_and_missed_is_stopped():
+    leaders = [_finished_miss(i, 20000.0) for i in range(3)]
+    behind = curve([(1500.0, 0.10), (3000.0, 0.15), (4500.0, 0.20)], planned_s=15000.0)
+    assert all(could_reach(o, IMAGENET) == math.inf for o in leaders)
+    assert decide(behind, leaders, None, IMAGENET) == "rung"
+    # one that plans to train longer than they did may still reach: its LR decays later
+    longer = curve([(1500.0, 0.10), (3000.0, 0.15), (4500.0, 0.20)], planned_s=30000.0)
+    assert decide(longer, leaders, None, IMAGENET) is None
+    # and one still at chance in its warm-up has shown nothing to judge
+    warming = curve([(1500.0, 0.001), (3000.0, 0.001), (4500.0, 0.0012)], planned_s=15000.0)
+    assert decide(warming, leaders, None, IMAGENET) is None

@@ -17,7 +17,10 @@ Each rule answers one question about a running trial and returns a stop reason o
   judged against the peers ahead of it at that rung that can still reach: running ones at
   their optimistic TTA, ended ones only where their curves project a TTA past their end. A
   trial that ended (stopped, diverged, or done with its schedule) never lends its stop time as
-  a TTA.
+  a TTA. When none of the peers ahead of it can still reach, and some of them trained their
+  whole schedule without reaching, each planned at least as long as its own, it is stopped:
+  it is behind trials that had all its time and missed (unless it is still at chance in its
+  warm-up).
 """
 
 from __future__ import annotations
@@ -134,6 +137,22 @@ def _rung_leaders(curve: Curve, others: Sequence[Curve], rules: Rules) -> list[C
     return None
 
 
+def _behind_finished_misses(curve: Curve, leaders: Sequence[Curve], rules: Rules) -> bool:
+    """No trial ahead of ``curve`` at its rung can still reach the target, and some of them
+    trained their whole schedule without reaching it, each planned at least as long as this
+    one: it is behind trials that had all its time and missed. (One that plans to train
+    longer than all of them may yet reach: its LR decays later; and one still at chance in
+    its warm-up has shown nothing to judge.)"""
+    done = [o.elapsed for o in leaders
+            if not o.running and not o.failed and o.progress and o.progress[-1] >= 1.0]
+    if not done:
+        return False
+    progress = curve.progress[-1] if curve.progress else 0.0
+    if curve.best <= rules.chance * 1.5 and progress < rules.diverge_after:
+        return False
+    return curve.planned_end() <= min(done)
+
+
 def could_reach(curve: Curve, rules: Rules) -> float:
     """The earliest TTA a trial can still show: its TTA once reached; a running trial's
     optimistic TTA; for one that ended without reaching, the TTA its curve projects past its
@@ -178,8 +197,10 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
         # The trap: a long schedule is behind early and wins late. It survives while its
         # optimistic TTA beats the best TTA, or, before any trial reached the target, what
         # the peers ahead of it at the rung can still do.
-        horizon = deadline if deadline is not None else min(
-            (could_reach(o, rules) for o in leaders), default=math.inf)
+        reachable = min((could_reach(o, rules) for o in leaders), default=math.inf)
+        if reachable == math.inf and _behind_finished_misses(curve, leaders, rules):
+            return "rung"
+        horizon = deadline if deadline is not None else reachable
         if projected > horizon:
             return "rung"
     return None
