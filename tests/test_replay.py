@@ -152,3 +152,14 @@ def test_a_yahpo_instance_replays_through_the_surrogate():
         assert outcome.trials >= 20 and outcome.compute > 0
     with pytest.raises(TableError, match="LCBench has no instance"):
         load_table("yahpo-lcbench:nosuch", yahpo_data=EXTERNAL / "yahpo-lcbench")
+
+
+def test_dehb_trains_each_job_up_to_its_fidelity(tmp_path):
+    pytest.importorskip("dehb")
+    table = load_table(f"opda:{_opda_file(tmp_path)}", 0.60)
+    replay = Replay(table, "dehb", seed=0, max_trials=12, min_compute_factor=0.0)
+    outcome = replay.run()
+    assert outcome.trials >= 12
+    cut = [seconds for reason, _, seconds in outcome.spent if reason == "fidelity"]
+    # Hyperband's first bracket gives jobs a few epochs of schedules up to 60 epochs long
+    assert cut and min(cut) < max(r.elapsed for r in table.runs)

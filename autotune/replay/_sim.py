@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import heapq
 import math
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +49,7 @@ __all__ = ["METHODS", "Outcome", "Replay", "WallClockASHA"]
 ETA = 3     # the reduction factor every successive-halving baseline uses, as autotune's rungs
 
 METHODS = ("autotune", "random", "tpe_median", "tpe_sha", "tpe_hyperband", "random_asha",
-           "asha_wallclock", "tpe_nopruning")
+           "asha_wallclock", "dehb", "tpe_nopruning")
 
 
 class WallClockASHA:
@@ -77,6 +79,53 @@ class WallClockASHA:
         return False
 
 
+class _DEHB:
+    """DEHB (the ``dehb`` package: differential evolution over Hyperband brackets, Awad et
+    al., IJCAI 2021) through its ask/tell interface: fidelity = epochs trained (1 to the
+    longest planned schedule, eta 3); a job trains its configuration's own schedule up to
+    that many epochs. Fitness, minimized: the TTA when the target is reached, else ``miss`` x
+    (2 - best accuracy), so every miss ranks behind every reach and closer misses first;
+    cost: the elapsed seconds."""
+
+    def __init__(self, table: Table, seed: int, miss: float) -> None:
+        try:
+            import ConfigSpace as CS
+            from dehb import DEHB
+        except ImportError:
+            raise RuntimeError("the dehb baseline needs the dehb package: "
+                               "pip install dehb") from None
+        if not table.space:
+            raise RuntimeError(f"table {table.name} has no plain search space for DEHB")
+        cs = CS.ConfigurationSpace(seed=seed)
+        for name, dist in table.space.items():
+            if isinstance(dist, optuna.distributions.CategoricalDistribution):
+                cs.add_hyperparameter(CS.CategoricalHyperparameter(name, list(dist.choices)))
+            elif isinstance(dist, optuna.distributions.IntDistribution):
+                cs.add_hyperparameter(CS.UniformIntegerHyperparameter(
+                    name, dist.low, dist.high, log=dist.log))
+            else:
+                cs.add_hyperparameter(CS.UniformFloatHyperparameter(
+                    name, dist.low, dist.high, log=dist.log))
+        self._folder = tempfile.mkdtemp(prefix="autotune-dehb-")
+        longest = max(r.planned_epochs for r in table.runs)
+        self.dehb = DEHB(cs=cs, dimensions=len(table.space), min_fidelity=1,
+                         max_fidelity=longest, eta=ETA, n_workers=1, seed=seed,
+                         output_path=self._folder, save_freq="end")
+        self.miss = miss
+
+    def ask(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        job = self.dehb.ask()
+        return job, dict(job["config"])
+
+    def tell(self, job: dict[str, Any], result: TrialResult, elapsed: float) -> None:
+        fitness = (float(result.value) if result.outcome == "reached" and result.value
+                   is not None else self.miss * (2.0 - result.best_metric))
+        self.dehb.tell(job, {"fitness": fitness, "cost": elapsed})
+
+    def close(self) -> None:
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
 @dataclass
 class Outcome:
     """What one replayed study spent and found."""
@@ -104,6 +153,7 @@ class _Running:
     reported_epoch: int = 0
     replies: list[dict[str, Any]] = field(default_factory=list)   # autotune's, in order
     result: TrialResult | None = None
+    job: dict[str, Any] | None = None     # DEHB's job: its configuration and fidelity
 
 
 class Replay:
@@ -131,6 +181,7 @@ class Replay:
         self.study = optuna.create_study(direction="minimize", sampler=self._sampler(seed),
                                          pruner=self.pruner)
         self.asha = WallClockASHA() if method == "asha_wallclock" else None
+        self.dehb = _DEHB(table, seed, self.penalty) if method == "dehb" else None
         self.found_at: dict[float, float] = {}
         self.best_in_budget = math.inf
         self.spent: list[tuple[str, float, float]] = []
@@ -182,6 +233,8 @@ class Replay:
                 continue
             counter += 1
             heapq.heappush(events, (self._next(state), self.workers + counter, w))
+        if self.dehb is not None:
+            self.dehb.close()
         return Outcome({g: self.found_at.get(g, self.compute) for g in self.goals},
                        {g: g in self.found_at for g in self.goals}, self.best_in_budget,
                        len(self.spent), self.compute, self.spent)
@@ -212,11 +265,16 @@ class Replay:
         raise RuntimeError("1000 proposals in a row were infeasible")
 
     def _start(self, worker: int, now: float) -> _Running:
-        trial, params = self._ask()
+        job = None
+        if self.dehb is not None:
+            trial = self.study.ask()
+            job, params = self.dehb.ask()
+        else:
+            trial, params = self._ask()
         run = self.table.train(params)
         overhead = run.overhead_s + (run.launch_s if worker not in self._launched else 0.0)
         self._launched.add(worker)
-        state = _Running(trial, run, now, now + overhead, overhead)
+        state = _Running(trial, run, now, now + overhead, overhead, job=job)
         if self.autotune:
             reply = start_reply(self.pruner, self.study)
             state.replies.append(reply)
@@ -240,6 +298,10 @@ class Replay:
             return self._end(s, now, {"reason": "bound", "elapsed_s": elapsed})
         if s.k >= len(run.times):
             return self._end(s, now, {"reason": run.end, "elapsed_s": run.elapsed})
+        if s.job is not None and run.epochs[s.k] > s.job["fidelity"] + 1e-9:
+            # DEHB's job ends at its fidelity: the epochs it was given
+            return self._end(s, now, {"reason": "fidelity", "elapsed_s": run.times[s.k - 1]
+                                      if s.k else 0.0})
         k, value = s.k, run.values[s.k]
         s.k += 1
         s.best = max(s.best, value)
@@ -263,7 +325,7 @@ class Replay:
         if reached:
             return self._end(s, now, {"reason": "reached", "tta_s": run.times[k],
                                       "elapsed_s": run.times[k]})
-        if not self.autotune and self._baseline_prunes(s, k, value):
+        if not self.autotune and s.job is None and self._baseline_prunes(s, k, value):
             s.stop_reason = "median"    # told as PRUNED (decisions.tell_optuna_style)
             return self._end(s, now, {"reason": "stopped", "elapsed_s": run.times[k]})
         return False
@@ -283,6 +345,8 @@ class Replay:
         tell(self.study, s.trial, result, autotune=self.autotune, target=self.table.target,
              penalty=self.penalty)
         seconds = float(end["elapsed_s"])
+        if self.dehb is not None and s.job is not None:
+            self.dehb.tell(s.job, result, seconds)
         self.compute += s.overhead + seconds
         self.spent.append((result.reason, s.overhead, seconds))
         if result.outcome == "reached" and result.value is not None:
