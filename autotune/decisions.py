@@ -14,13 +14,15 @@ Outcomes (DESIGN.md):
 
 * reached: value = TTA seconds, feasible;
 * censored: stopped or ended without reaching the target. Its TTA is only known to exceed its
-  elapsed time: value = elapsed seconds, with the constraint ``reach_target`` = target - best
-  metric > 0, so Optuna ranks it behind every trial that reached the target, and closer misses
-  ahead of wider ones. Never a failure;
+  elapsed time (the user attribute ``elapsed_s``): value = +inf, with the constraint
+  ``reach_target`` = target - best metric > 0, so Optuna's sampler ranks it behind every trial
+  that reached the target and closer misses ahead of wider ones (it ranks infeasible trials by
+  their violation, never by value), while a client that ignores constraints (optuna-dashboard,
+  ``optuna best-trial`` on an old Optuna) can never take it for the best. Never a failure;
 * failed: diverged, out of memory, crashed, launch or plan error, with the reason. Failures
-  the configuration causes (diverged, oom) are told as complete but maximally infeasible
-  (``reach_target`` = 1 + target), so the sampler steers away from them; the others are
-  Optuna FAIL, which the sampler ignores.
+  the configuration causes (diverged, oom) are told as complete with value +inf and maximally
+  infeasible (``reach_target`` = 1 + target), so the sampler steers away from them; the others
+  are Optuna FAIL, which the sampler ignores.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from optuna.trial import TrialState
 from .pruners import CURVE_KEY, ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
 
 __all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "classify", "curve_row",
-           "eval_reply", "eval_writes", "optuna_state", "start_reply", "study_deadline",
-           "tell", "tell_optuna_style", "tell_result"]
+           "elapsed_of", "eval_reply", "eval_writes", "optuna_state", "start_reply",
+           "study_deadline", "tell", "tell_optuna_style", "tell_result"]
 
 CONSTRAINT = "reach_target"
 # Failures the configuration causes (not the machine): recorded as complete but maximally
@@ -156,6 +158,16 @@ def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best
                        best_metric=best, evals=evals, summary=end)
 
 
+def elapsed_of(trial: Any) -> float | None:
+    """A finished trial's elapsed seconds (its TTA once it reached): what ``tell_result``
+    recorded (a non-reaching trial's Optuna value is +inf); older studies' value."""
+    elapsed = trial.user_attrs.get(ELAPSED_KEY)
+    if elapsed is not None:
+        return float(elapsed)
+    value = getattr(trial, "value", None)
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
 def optuna_state(result: TrialResult) -> str:
     """The Optuna state a result is told with (see ``tell_result``)."""
     if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
@@ -205,13 +217,17 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
     if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
         study.tell(trial, state=TrialState.FAIL)
         return
+    if result.value is not None:
+        trial.set_user_attr(ELAPSED_KEY, result.value)
     if result.outcome == "failed":  # the configuration's fault: teach the sampler
         trial.set_constraint(CONSTRAINT, 1.0 + target)
-        study.tell(trial, result.value or 0.0)
+        study.tell(trial, math.inf)
         return
     violation = target - result.best_metric
     trial.set_constraint(CONSTRAINT, violation if result.outcome == "reached"
                          else max(violation, 1e-9))
     if result.outcome == "reached":
         trial.set_user_attr("tta_s", result.value)
-    study.tell(trial, result.value)
+        study.tell(trial, result.value)
+    else:
+        study.tell(trial, math.inf)

@@ -19,6 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import optuna  # noqa: E402
 from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 
+from .decisions import elapsed_of  # noqa: E402
+
 __all__ = ["learning_curve", "study_plots"]
 
 _INDEX = {"top1": 1, "top5": 2}
@@ -59,8 +61,9 @@ def _tta_vs_batch(trials: Sequence[FrozenTrial], path: Path) -> Path:
               "censored": ("^", "tab:gray", "censored: TTA > elapsed"),
               "failed": ("x", "tab:red", "failed")}
     for outcome, (marker, color, label) in styles.items():
-        pts = [(t.user_attrs.get("params", {}).get("global_batch"), t.value) for t in trials
-               if t.user_attrs.get("outcome") == outcome and t.value is not None]
+        pts = [(t.user_attrs.get("params", {}).get("global_batch"), elapsed_of(t))
+               for t in trials if t.user_attrs.get("outcome") == outcome]
+        pts = [(b, v) for b, v in pts if v is not None]
         pts = [(b, v) for b, v in pts if b]
         if pts:
             ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, label=label)
@@ -85,10 +88,11 @@ def _history(trials: Sequence[FrozenTrial], path: Path) -> Path:
             xs.append(n)
             ys.append(best)
         ax.step(xs, ys, where="post", color="black", label="best so far")
-    censored = [(t.number, t.value) for t in trials if t.user_attrs.get("outcome") == "censored"]
+    censored = [(t.number, elapsed_of(t)) for t in trials
+                if t.user_attrs.get("outcome") == "censored" and elapsed_of(t) is not None]
     if censored:
         ax.scatter(*zip(*censored, strict=True), marker="^", color="tab:gray",
-                   label="censored (TTA > value)")
+                   label="censored (TTA > elapsed)")
     ax.set_xlabel("trial")
     ax.set_ylabel("seconds")
     ax.set_title("optimization history")

@@ -9,6 +9,7 @@ from typing import Any
 import optuna
 
 from .config import database_url
+from .decisions import elapsed_of
 from .errors import ConfigError
 
 __all__ = ["show"]
@@ -62,7 +63,8 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
             started = t.datetime_start or now
             value = f"{(now - started).total_seconds():.0f} s on"
         else:
-            value = "" if t.value is None else f"{t.value:.2f}"
+            elapsed = elapsed_of(t)
+            value = "" if elapsed is None else f"{elapsed:.2f}"
         if outcome == "reached" and t.value is not None and (
                 best is None or t.value < float(best.value or 0.0)):
             best = t

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from .config import StudyConfig, database_url, resolve_tracking_uri
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
 from .db import utcnow
+from .decisions import elapsed_of
 from .errors import ConfigError, PlanError, SpaceError
 from .objective import TrialResult, TrialRunner, make_pruner, make_sampler
 from .plan import Hardware, resolve
@@ -279,7 +280,7 @@ def result_of(trial: FrozenTrial) -> TrialResult:
     attrs = trial.user_attrs
     return TrialResult(trial.number, dict(attrs.get("params", trial.params)),
                        str(attrs.get("outcome", "failed")), str(attrs.get("stop_reason", "")),
-                       value=trial.value, best_metric=float(attrs.get("best_metric", 0.0)),
+                       value=elapsed_of(trial), best_metric=float(attrs.get("best_metric", 0.0)),
                        evals=len(attrs.get("curve", [])), detail=str(attrs.get("detail", "")))
 
 

@@ -241,6 +241,10 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
           + ", ".join(f"{g} x best ({sum(t is not None and t <= g * best for t in reaching)}"
                       " runs)" for g in goals)
           + f"; {workers} worker{'s' if workers > 1 else ''}, {seeds} studies a method")
+    if "dehb" in methods and not table.space:
+        methods = tuple(m for m in methods if m != "dehb")
+        print("  (DEHB left out: this table's search space has derived parameters and "
+              "constraints, which DEHB's configuration space does not take)")
     for note in table.notes:
         print(f"  {note}")
     if table.credit:

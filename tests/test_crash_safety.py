@@ -131,7 +131,7 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_on_the_other_worker(
     # passed by then (the bound stops it at its first step), its elapsed time at the end.
     assert resumed.state.name == "COMPLETE", resumed.user_attrs
     curve = resumed.user_attrs.get("curve")
-    first = curve[0][0] if curve else resumed.value
+    first = curve[0][0] if curve else resumed.user_attrs["elapsed_s"]
     assert saved_at < first < saved_at + 10
     # It ends on its own merits: reached, censored, or, for a configuration still at chance
     # (the kill can hit one on its way to diverging), failed as diverged; never a crash.

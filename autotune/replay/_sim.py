@@ -103,9 +103,11 @@ class _DEHB:
             elif isinstance(dist, optuna.distributions.IntDistribution):
                 cs.add_hyperparameter(CS.UniformIntegerHyperparameter(
                     name, dist.low, dist.high, log=dist.log))
-            else:
+            elif isinstance(dist, optuna.distributions.FloatDistribution):
                 cs.add_hyperparameter(CS.UniformFloatHyperparameter(
                     name, dist.low, dist.high, log=dist.log))
+            else:
+                raise RuntimeError(f"DEHB cannot search {name}: {type(dist).__name__}")
         self._folder = tempfile.mkdtemp(prefix="autotune-dehb-")
         longest = max(r.planned_epochs for r in table.runs)
         self.dehb = DEHB(cs=cs, dimensions=len(table.space), min_fidelity=1,
