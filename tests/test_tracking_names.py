@@ -1,0 +1,63 @@
+"""The MLflow runs table reads at a glance: each trial's run is named for how it ended, and
+the study's parent run holds the leaderboard as its description."""
+
+from __future__ import annotations
+
+import optuna
+from mlflow.tracking import MlflowClient
+
+from autotune.decisions import TrialResult, tell_result
+from autotune.tracking import Tracker, leaderboard, run_name
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_run_names_say_how_each_trial_ended():
+    assert run_name("trial-3", "reached", "reached", {"tta_s": 12.4123}) == \
+        "trial-3 reached 12.41 s"
+    assert run_name("trial-4", "censored", "bound", {"total_elapsed_s": 9.8}) == \
+        "trial-4 censored (bound) after 9.80 s"
+    assert run_name("trial-5", "failed", "diverged", {}) == "trial-5 failed (diverged)"
+
+
+def _study() -> optuna.Study:
+    study = optuna.create_study(direction="minimize")
+    for outcome, reason, value, best in (("censored", "bound", 3.0, 0.6),
+                                         ("reached", "reached", 12.0, 0.975),
+                                         ("reached", "reached", 9.5, 0.98),
+                                         ("failed", "diverged", 2.75, 0.1)):
+        trial = study.ask()
+        trial.set_user_attr("params", {"global_batch": 128 * (trial.number + 1)})
+        tell_result(study, trial, TrialResult(trial.number, {}, outcome, reason, value=value,
+                                              best_metric=best), 0.97)
+    return study
+
+
+def test_the_leaderboard_ranks_the_trials_that_reached():
+    board = leaderboard(_study().trials, "top1", 0.97)
+    lines = board.splitlines()
+    assert lines[0] == "**Time to top1 >= 0.97**"
+    assert "| 1 | 2 | 9.50 | global_batch=384 |" in lines
+    assert lines.index("| 1 | 2 | 9.50 | global_batch=384 |") < lines.index(
+        "| 2 | 1 | 12.00 | global_batch=256 |")
+    assert lines[-1] == "Trials: 1 censored, 1 failed, 2 reached"
+    assert "No trial has reached" in leaderboard(_study().trials[:1], "top1", 0.97)
+
+
+def test_mlflow_shows_the_outcome_in_the_run_name_and_the_leaderboard_on_the_study(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "names", tmp_path / "runs")
+    tracker.start_study({}, {"study_name": "names"}, {}, resumed=False)
+    key = tracker.start_trial(0, {"global_batch": 128}, {}, {"epochs": 3})
+    tracker.end_trial(key, state="COMPLETE", outcome="reached", reason="reached",
+                      metrics={"tta_s": 9.5, "total_elapsed_s": 9.5}, curve=[], metric="top1",
+                      target=0.97)
+    tracker.study_plots(_study(), "top1", 0.97)
+    assert tracker.close(timeout_s=60)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("names")
+    runs = {r.data.tags.get("autotune.kind"): r for r in client.search_runs(
+        [experiment.experiment_id])}
+    assert runs["trial"].info.run_name == "trial-0 reached 9.50 s"
+    assert runs["trial"].data.tags["autotune.tta_s"] == "9.500"
+    assert "| 1 | 2 | 9.50 |" in runs["study"].data.tags["mlflow.note.content"]
