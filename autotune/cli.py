@@ -30,7 +30,7 @@ def _start_study(args: argparse.Namespace) -> int:
                  "seed": args.seed, "device": args.device, "run_dir": args.run_dir,
                  "warm_start": False if args.no_warm_start else None}
     cfg = config.load(args.config, overrides)
-    return study.run_study(cfg)
+    return study.run_study(cfg, accept_changes=args.accept_changes)
 
 
 def _space_show(args: argparse.Namespace) -> int:
@@ -194,6 +194,9 @@ def _add_start_study(sub: Any) -> None:
     p.add_argument("--run-dir", help="folder for each trial's plan and log")
     p.add_argument("--no-warm-start", action="store_true",
                    help="do not enqueue the search space's known-good configurations")
+    p.add_argument("--accept-changes", action="store_true",
+                   help="resume an existing study although its study file changed (target, "
+                        "trainer, search space, ...); without it such a resume is refused")
     p.set_defaults(func=_start_study)
 
 

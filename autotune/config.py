@@ -267,6 +267,9 @@ def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
     ignored, so unset flags never override the file.
     """
     data, where, base = _read(source)
+    if "study_name" not in data and source not in shipped_studies():
+        # a study file without a name is its own study, never the quickstart's
+        data["study_name"] = _name_of(Path(where).stem)
     flagged = set()
     for key, value in (overrides or {}).items():
         if value is None:
@@ -281,6 +284,35 @@ def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
     cfg = dataclasses.replace(cfg, source=where, base_dir=str(base))
     _validate(cfg, flagged)
     return cfg
+
+
+def _name_of(stem: str) -> str:
+    """A valid study name from a file name: other characters become '-'."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-")[:100]
+    return name or "study"
+
+
+# What a resumed study may change without being told: how long and where this run goes on.
+RESUMABLE = ("budget.n_trials", "budget.timeout_s", "workers", "storage", "tracking_uri",
+             "run_dir", "warm_start", "source", "base_dir", "seed")
+
+
+def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between a study's stored config and the one it is resumed with, as
+    ``key: old -> new`` (dotted keys), leaving out the ``RESUMABLE`` ones."""
+    def flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict) and key in _SECTIONS:
+                out.update(flat(value, f"{name}."))
+            else:
+                out[name] = value
+        return out
+
+    old, new = flat(stored), flat(current)
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
+            if key not in RESUMABLE and old.get(key) != new.get(key)]
 
 
 def resolve_tracking_uri(uri: str) -> tuple[str, str | None]:

@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .config import StudyConfig, database_url, resolve_tracking_uri
+from .config import StudyConfig, config_changes, database_url, resolve_tracking_uri
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
 from .db import utcnow
 from .decisions import elapsed_of
@@ -223,24 +223,46 @@ def _prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     return cfg, space, size
 
 
+def _check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
+                          echo: Print) -> None:
+    """Refuses to resume ``study`` with a config that changes what it measures."""
+    stored = study.user_attrs.get("config")
+    if not isinstance(stored, dict):
+        return
+    changes = config_changes(stored, cfg.to_dict())
+    if not changes:
+        return
+    if not accept:
+        raise ConfigError(f"study {cfg.study_name!r} exists and was started with another "
+                          f"config ({'; '.join(changes)}); pass --accept-changes to resume it "
+                          "with these, or set another study_name")
+    echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
+    study.set_user_attr("config", cfg.to_dict())
+
+
 def _print(line: str) -> None:
     print(line, flush=True)  # a line per trial, live, even into a pipe or a file
 
 
-def run_study(cfg: StudyConfig, echo: Print = _print) -> int:
-    """Runs the study ``cfg`` describes until its budget is spent; returns an exit code."""
+def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = False) -> int:
+    """Runs the study ``cfg`` describes until its budget is spent; returns an exit code.
+
+    A study that exists already is resumed; if its stored config differs from ``cfg`` in
+    more than how long and where it runs (``config.RESUMABLE``), it is refused with what
+    changed, unless ``accept_changes``."""
     cfg = _absolute_paths(_absolute_data(cfg))
     cfg, space, size = _prepare(cfg)
     storage = open_storage(cfg.storage)
+    study = optuna.create_study(
+        study_name=cfg.study_name, storage=storage, direction="minimize", load_if_exists=True,
+        sampler=make_sampler(cfg, cfg.seed),
+        pruner=make_pruner(cfg))
+    _check_resumed_config(cfg, study, accept_changes, echo)
     folder = Path(cfg.run_dir) / cfg.study_name
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder,
                       {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
                        "autotune.search_space": space.name,
                        "autotune.storage": cfg.storage.split(":", 1)[0]})
-    study = optuna.create_study(
-        study_name=cfg.study_name, storage=storage, direction="minimize", load_if_exists=True,
-        sampler=make_sampler(cfg, cfg.seed),
-        pruner=make_pruner(cfg))
     registry = registry_for(cfg.storage)
     if not cfg.storage.startswith("autotune://"):  # trials of workers that died meanwhile
         recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)

@@ -119,3 +119,44 @@ def test_the_real_command_prints_no_traceback(tmp_path):
 def test_config_errors_are_autotune_errors(tmp_path):
     with pytest.raises(ConfigError):
         config.load(write(tmp_path / "s.yaml", "workers: many\n"))
+
+
+def test_a_study_file_without_a_name_is_named_after_the_file(workdir):
+    write(workdir / "my images (v2).yaml", "budget: {n_trials: 3}\n")
+    assert config.load(str(workdir / "my images (v2).yaml")).study_name == "my-images--v2-"
+    write(workdir / "named.yaml", "study_name: other\n")
+    assert config.load(str(workdir / "named.yaml")).study_name == "other"
+    assert config.load("quickstart").study_name == "quickstart"
+
+
+def test_what_a_resume_may_change_and_what_it_may_not():
+    stored = config.load("quickstart").to_dict()
+    edited = config.load("quickstart", {"budget.n_trials": 40, "workers": 2,
+                                        "budget.max_trial_s": 30.0}).to_dict()
+    edited["target"]["value"] = 0.9
+    assert config.config_changes(stored, edited) == [
+        "budget.max_trial_s: 60.0 -> 30.0", "target.value: 0.97 -> 0.9"]
+    assert config.config_changes(stored, stored) == []
+
+
+def test_resuming_a_study_with_a_changed_file_is_refused_before_anything_is_written(
+        workdir, capsys):
+    import optuna
+
+    from autotune import study as study_mod
+
+    write(workdir / "exp.yaml", "target: {metric: top1, value: 0.97}\n")
+    cfg = config.load(str(workdir / "exp.yaml"))
+    prepared = study_mod._prepare(study_mod._absolute_paths(study_mod._absolute_data(cfg)))[0]
+    stored = optuna.create_study(study_name="exp", storage="sqlite:///autotune.db")
+    stored.set_user_attr("config", prepared.to_dict())        # as its first run stored it
+    before = sorted(p.name for p in workdir.iterdir())
+    write(workdir / "exp.yaml", "target: {metric: top1, value: 0.9}\n")
+    assert main(["start", "study", "exp.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "study 'exp' exists and was started with another config (target.value: 0.97 -> " \
+           "0.9); pass --accept-changes" in err
+    assert sorted(p.name for p in workdir.iterdir()) == before     # no run folder, no mlruns
+    assert optuna.load_study(study_name="exp", storage="sqlite:///autotune.db").user_attrs[
+        "config"]["target"]["value"] == 0.97
