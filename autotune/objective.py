@@ -412,7 +412,9 @@ class TrialRunner:
                         self.tracker.log_start(run_key, msg)
                     if flush(0):
                         deadline = self._deadline(study, deadline)
-                    channel.reply({**start_reply(self.pruner, study), "deadline_s": deadline})
+                    channel.reply(self._within_timeout(
+                        {**start_reply(self.pruner, study), "deadline_s": deadline},
+                        float(msg.get("resumed_at_s") or 0.0)))
                 elif kind == "eval":
                     evals += 1
                     value = float(msg[metric])
@@ -433,7 +435,7 @@ class TrialRunner:
                     if (reply["action"] == "continue" and every > 0
                             and float(msg["elapsed_s"]) - saved_at >= every):
                         reply["action"] = "checkpoint"   # saved, and the trial goes on
-                    channel.reply(reply)
+                    channel.reply(self._within_timeout(reply, float(msg["elapsed_s"])))
                 elif kind == "checkpoint":
                     saved_at = float(msg["elapsed_s"])
                     writes.append(partial(trial.set_user_attr, "checkpoint", msg["path"]))
@@ -450,6 +452,10 @@ class TrialRunner:
             code = self._finish(channel, process, ranks, end, folder,
                                 keep=not self._interrupted.is_set() and not given_up)
             flush(None)
+        if (end is not None and end.get("reason") == "bound" and self.stop_at is not None
+                and time.monotonic() >= self.stop_at - 1.0):
+            end = {**end, "reason": "stopped"}       # it was the study's deadline, not the best
+            stop_reason = "study_timeout"
         result = classify(trial.number, end, code, process.tail() if end is None else "", best,
                           evals, stop_reason)
         if result.reason == "crashed" and "unrecognized arguments: --serve" in result.detail:
@@ -459,6 +465,15 @@ class TrialRunner:
                              "does")
         result.curve = curve
         return result
+
+    def _within_timeout(self, reply: dict[str, Any], elapsed: float) -> dict[str, Any]:
+        """``reply`` with its deadline no later than the study's ``timeout_s``: the trainer
+        stops on its own there, between evaluations, not at its next one."""
+        if self.stop_at is None:
+            return reply
+        cap = max(elapsed + self.stop_at - time.monotonic(), 1e-3)
+        deadline = reply.get("deadline_s")
+        return {**reply, "deadline_s": cap if deadline is None else min(float(deadline), cap)}
 
     def _finish(self, channel: ReportChannel, process: TrainerProcess,
                 ranks: WarmRanks | None, end: dict[str, Any] | None, folder: Path,

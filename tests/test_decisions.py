@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -53,8 +54,8 @@ def _reports(points: list[tuple[float, float]], epochs: int) -> list[dict]:
     return reports
 
 
-def _through_the_worker(tmp_path: Path, reports: list[dict]) -> tuple[TrialResult, list,
-                                                                      optuna.Study]:
+def _through_the_worker(tmp_path: Path, reports: list[dict], stop_at: float | None = None
+                        ) -> tuple[TrialResult, list, optuna.Study]:
     cfg = StudyConfig()
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, warm_ranks=False))
     study = optuna.create_study(direction="minimize", sampler=make_sampler(cfg, 0),
@@ -65,7 +66,7 @@ def _through_the_worker(tmp_path: Path, reports: list[dict]) -> tuple[TrialResul
     played.write_text(json.dumps(reports))
     replies = tmp_path / "replies.json"
     runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None,
-                         tmp_path / "runs", None)
+                         tmp_path / "runs", stop_at)
 
     def command(plan_path: Path) -> tuple[ReportChannel, list[str]]:
         channel = ReportChannel()
@@ -143,3 +144,13 @@ def test_an_end_report_is_classified_by_its_reason():
     assert crashed.outcome == "failed" and "Traceback" in crashed.detail
     assert classify(1, {"reason": "diverged", "elapsed_s": 2.0}, 0, "", 0.1, 2,
                     "diverged").detail == "accuracy still at chance"
+
+
+def test_the_studys_timeout_reaches_the_trainer_as_its_deadline(tmp_path):
+    # the study's timeout_s has run out: the trainer is told at its start and stops on its
+    # own before its first evaluation; the trial says why
+    reports = _reports(CURVES["stopped"], PARAMS["epochs"])
+    result, replies, _ = _through_the_worker(tmp_path, reports, stop_at=time.monotonic())
+    assert replies[0]["deadline_s"] == pytest.approx(1e-3)
+    assert (result.outcome, result.reason) == ("censored", "study_timeout")
+    assert result.evals == 0
