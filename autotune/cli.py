@@ -84,14 +84,15 @@ def _add_ui(sub: Any) -> None:
 
 def _db_upgrade(args: argparse.Namespace) -> int:
     from . import db
-    from .config import validate_storage_url
+    from .config import redact, validate_storage_url
 
     validate_storage_url(args.storage, "--storage")
     before = db.current(args.storage)
     db.upgrade(args.storage)
     after = db.current(args.storage)
-    print(f"autotune tables in {args.storage}: revision {before or 'none'} -> {after}"
-          if before != after else f"autotune tables in {args.storage} are up to date ({after})")
+    where = redact(args.storage)
+    print(f"autotune tables in {where}: revision {before or 'none'} -> {after}"
+          if before != after else f"autotune tables in {where} are up to date ({after})")
     return 0
 
 

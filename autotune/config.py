@@ -91,6 +91,11 @@ class StudyConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def public_dict(self) -> dict[str, Any]:
+        """``to_dict`` with the storage URL's password left out: what the study store, MLflow
+        and run folders keep (workers bring their own credentials)."""
+        return {**self.to_dict(), "storage": redact(self.storage)}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "stored config") -> StudyConfig:
         """The config stored with a study (``to_dict``), for workers that join it."""
@@ -284,6 +289,15 @@ def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
     cfg = dataclasses.replace(cfg, source=where, base_dir=str(base))
     _validate(cfg, flagged)
     return cfg
+
+
+_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^@/\s]+)@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``
+    (``postgresql://user:***@host/db``): what autotune prints, logs and records."""
+    return _PASSWORD.sub(lambda m: f"{m.group('head')}:***@", text)
 
 
 def _name_of(stem: str) -> str:

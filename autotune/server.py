@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from ._retry import RetryingStorage
-from .config import database_url
+from .config import database_url, redact
 from .errors import ConfigError
 
 __all__ = ["serve", "open_database"]
@@ -46,7 +46,7 @@ def open_database(storage_url: str) -> Any:
                      engine_kwargs={"pool_pre_ping": True, "pool_size": 8, "max_overflow": 8})
     # A short patience: a worker's call fails soon with "unavailable" and the worker keeps
     # what it wanted to write, instead of its trainer waiting on a call held here.
-    return _Snapshots(rdb, f"the study database {storage_url}",  # type: ignore[abstract]
+    return _Snapshots(rdb, f"the study database {redact(storage_url)}",  # type: ignore[abstract]
                       patience_s=2.0)
 
 
@@ -289,7 +289,7 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
     if host not in _LOCAL:
         print(f"autotune: warning: the study server at {host}:{port} has no authentication "
               "and no TLS; anyone who reaches it can read and change every study in "
-              f"{storage_url}. Expose it only on a trusted network.", file=sys.stderr)
+              f"{redact(storage_url)}. Expose it only on a trusted network.", file=sys.stderr)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         storage = open_database(storage_url)
@@ -299,7 +299,8 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
         raise
     except Exception as e:
         first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot open storage {storage_url!r}: {first}") from e
+        raise ConfigError(f"cannot open storage {redact(storage_url)!r}: {redact(first)}") \
+            from e
     server = grpc.server(ThreadPoolExecutor(max_workers=32))
     api_pb2_grpc.add_StorageServiceServicer_to_server(
         _SaysUnavailable(OptunaStorageProxyService(storage), storage), server)
@@ -308,7 +309,7 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
     server.start()
     loop = ControlLoop(registry, storage, lambda line: print(line, flush=True))
     loop.start()
-    echo(f"study server for {storage_url} on {host}:{port}; workers use --server "
+    echo(f"study server for {redact(storage_url)} on {host}:{port}; workers use --server "
          f"{host}:{port} (or --storage autotune://{host}:{port})")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

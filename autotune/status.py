@@ -8,7 +8,7 @@ from typing import Any
 
 import optuna
 
-from .config import database_url
+from .config import database_url, redact
 from .decisions import elapsed_of
 from .errors import ConfigError
 
@@ -50,11 +50,11 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
         study = optuna.load_study(study_name=study_name, storage=store)
     except KeyError as e:
         names = [s.study_name for s in optuna.get_all_study_summaries(store)]
-        raise ConfigError(f"no study {study_name!r} in {storage}; studies there: "
+        raise ConfigError(f"no study {study_name!r} in {redact(storage)}; studies there: "
                           f"{', '.join(names) or 'none'}") from e
     trials = study.get_trials(deepcopy=False)
     now = datetime.now(UTC).replace(tzinfo=None)
-    echo(f"study {study_name!r} in {storage}: {len(trials)} trial(s)")
+    echo(f"study {study_name!r} in {redact(storage)}: {len(trials)} trial(s)")
     echo(f"{'trial':>5}  {'state':8}  {'outcome':10}  {'reason':14}  {'value':>9}  params")
     best = None
     for t in trials:

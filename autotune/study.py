@@ -15,7 +15,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .config import StudyConfig, config_changes, database_url, resolve_tracking_uri
+from .config import (
+    StudyConfig,
+    config_changes,
+    database_url,
+    redact,
+    resolve_tracking_uri,
+)
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
 from .db import utcnow
 from .decisions import elapsed_of
@@ -58,8 +64,8 @@ def open_storage(url: str) -> Any:
                                              engine_kwargs={"pool_pre_ping": True})
     except Exception as e:
         first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot open storage {url!r}: {first}") from e
-    return RetryingStorage(rdb, f"the study database {url}")  # type: ignore[abstract]
+        raise ConfigError(f"cannot open storage {redact(url)!r}: {redact(first)}") from e
+    return RetryingStorage(rdb, f"the study database {redact(url)}")  # type: ignore[abstract]
 
 
 class _ServerProxy(optuna.storages.GrpcStorageProxy):
@@ -237,7 +243,7 @@ def _check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
                           f"config ({'; '.join(changes)}); pass --accept-changes to resume it "
                           "with these, or set another study_name")
     echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
-    study.set_user_attr("config", cfg.to_dict())
+    study.set_user_attr("config", cfg.public_dict())
 
 
 def _print(line: str) -> None:
@@ -268,9 +274,9 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)
     existing = study.get_trials(deepcopy=False)
     tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
-                        cfg.to_dict(), space.to_dict(), resumed=bool(existing))
+                        cfg.public_dict(), space.to_dict(), resumed=bool(existing))
     if not existing:
-        study.set_user_attr("config", cfg.to_dict())
+        study.set_user_attr("config", cfg.public_dict())
         study.set_user_attr("search_space", space.to_dict())
         if cfg.warm_start:
             for point in space.warm_starts:
@@ -278,7 +284,8 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
     done = len(_finished(study))
     todo = None if cfg.budget.n_trials is None else max(cfg.budget.n_trials - done, 0)
     if existing:
-        echo(f"resuming study {cfg.study_name!r}: {done} finished trial(s) in {cfg.storage}")
+        echo(f"resuming study {cfg.study_name!r}: {done} finished trial(s) in "
+             f"{redact(cfg.storage)}")
     if todo == 0:
         echo(f"study {cfg.study_name!r} already has {done} finished trials; raise --n-trials "
              "to run more")
@@ -315,7 +322,7 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
     direct = not cfg.storage.startswith("autotune://")
     since = utcnow()
     echo(f"study {cfg.study_name!r} waits for workers: autotune worker --storage "
-         f"{cfg.storage} --study {cfg.study_name}")
+         f"{redact(cfg.storage)} --study {cfg.study_name}")
     shown: set[int] = {t.number for t in _finished(study)}
     pause, guard, due = min(2.0, cfg.heartbeat_s / 4), StallGuard(), None
     while stop_at is None or time.monotonic() < stop_at:

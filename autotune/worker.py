@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from .config import StudyConfig
+from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
 from .objective import TrialRunner, make_pruner, make_sampler
@@ -81,7 +81,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
         runner.interrupt()
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    echo(f"worker {name} joined study {study_name!r} ({storage_url})")
+    echo(f"worker {name} joined study {study_name!r} ({redact(storage_url)})")
     try:
         while not stopping and _budget_left(study, cfg):
             echo(format_result(runner.run(study), cfg.target.metric))

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, select, update
 from sqlalchemy.orm import Session
 
-from ..config import database_url
+from ..config import database_url, redact
 from ..errors import ConfigError
 from ._models import TrialAttempt, Worker
 
@@ -41,8 +41,9 @@ def ensure_tables(url: str) -> None:
     if have == head():
         return
     if have:
-        raise ConfigError(f"autotune's tables in {url} are at revision {have}, this autotune "
-                          f"needs {head()}; run `autotune db upgrade --storage {url}`")
+        raise ConfigError(f"autotune's tables in {redact(url)} are at revision {have}, this "
+                          f"autotune needs {head()}; run `autotune db upgrade --storage "
+                          f"{redact(url)}`")
     try:
         upgrade(url)
     except ConfigError:
