@@ -15,6 +15,11 @@ from typing import Any
 
 __all__ = ["FUNCTIONS", "Expr"]
 
+MAX_TEXT = 1000          # characters in an expression
+MAX_NODES = 200          # syntax nodes in an expression
+MAX_MAGNITUDE = 1e15     # any number an expression computes stays within +-MAX_MAGNITUDE
+MAX_EXPONENT = 64        # ... and ** takes exponents up to this
+
 FUNCTIONS: dict[str, Any] = {"min": min, "max": max, "abs": abs, "round": round,
                              "sqrt": math.sqrt, "log2": math.log2, "ceil": math.ceil,
                              "floor": math.floor}
@@ -34,11 +39,16 @@ class Expr:
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"an expression must be non-empty text, got {text!r}")
         self.text = text
+        if len(text) > MAX_TEXT:
+            raise ValueError(f"an expression is at most {MAX_TEXT} characters, got "
+                             f"{len(text)}")
         try:
             self._tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as e:
             raise ValueError(f"{text!r} is not a valid expression: {e.msg}") from e
         self.names: set[str] = set()
+        if sum(1 for _ in ast.walk(self._tree)) > MAX_NODES:
+            raise ValueError(f"{text[:60]!r}...: an expression has at most {MAX_NODES} parts")
         self._check(self._tree.body)
 
     def _check(self, node: ast.AST) -> None:
@@ -77,8 +87,8 @@ class Expr:
         if isinstance(node, (ast.Tuple, ast.List)):
             return tuple(self._eval(e, env) for e in node.elts)
         if isinstance(node, ast.BinOp):
-            binary: Any = _BIN[type(node.op)]
-            return binary(self._eval(node.left, env), self._eval(node.right, env))
+            return self._arithmetic(type(node.op), self._eval(node.left, env),
+                                    self._eval(node.right, env))
         if isinstance(node, ast.UnaryOp):
             unary: Any = _UNARY[type(node.op)]
             return unary(self._eval(node.operand, env))
@@ -101,6 +111,25 @@ class Expr:
             func = FUNCTIONS[node.func.id]  # type: ignore[attr-defined]
             return func(*(self._eval(a, env) for a in node.args))
         raise ValueError(f"{self.text!r}: cannot evaluate {type(node).__name__}")
+
+    def _arithmetic(self, op: type, left: Any, right: Any) -> Any:
+        """``left op right`` on numbers only, bounded so no expression can run away."""
+        numbers = (int, float)
+        if not isinstance(left, numbers) or not isinstance(right, numbers):
+            raise ValueError(f"{self.text!r}: arithmetic takes numbers, got "
+                             f"{type(left).__name__} and {type(right).__name__}")
+        if op is ast.Pow and (abs(right) > MAX_EXPONENT or abs(left) > MAX_MAGNITUDE):
+            raise ValueError(f"{self.text!r}: {left!r} ** {right!r} is out of range (an "
+                             f"exponent is at most {MAX_EXPONENT})")
+        binary: Any = _BIN[op]
+        try:
+            result = binary(left, right)
+        except (ArithmeticError, ValueError) as e:
+            raise ValueError(f"{self.text!r}: {e}") from None
+        if isinstance(result, numbers) and not abs(result) <= MAX_MAGNITUDE:
+            raise ValueError(f"{self.text!r}: a value out of range ({result:.3g}; at most "
+                             f"{MAX_MAGNITUDE:g} in size)")
+        return result
 
     def __repr__(self) -> str:
         return f"Expr({self.text!r})"

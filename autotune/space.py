@@ -597,13 +597,40 @@ def _import_file(path: Path) -> Any:
     return module
 
 
-def check_space(space: SearchSpace) -> list[str]:
-    """Problems a built space can still have: names the training plan does not know."""
+def check_space(space: SearchSpace, points: int = 64) -> list[str]:
+    """Problems a built space can still have: names the training plan does not know, and a
+    space none of ``points`` random points of which is feasible (a derived value that always
+    fails, such as one out of range, or constraints nothing meets): found here, before a
+    study is written, not after its first hundred draws."""
+    import optuna
+
     from .plan import name_problems
 
     if space.define_by_run is not None:  # it may set any name; the plan checks each trial
         return []
-    return name_problems([p.name for p in space.params] + [d.name for d in space.derived])
+    problems = name_problems([p.name for p in space.params] + [d.name for d in space.derived])
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    why = None
+    for _ in range(points):
+        trial = study.ask()
+        try:
+            space.sample(trial)
+            why = None
+            break
+        except InfeasiblePoint as e:
+            why = str(e)
+        except SpaceError as e:
+            problems.append(str(e))
+            break
+        except (ValueError, ArithmeticError, TypeError, KeyError) as e:
+            problems.append(f"evaluating the space at a sampled point failed: "
+                            f"{type(e).__name__}: {e}")
+            break
+        finally:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    if why is not None:
+        problems.append(f"none of {points} random points is feasible; the last: {why}")
+    return problems
 
 
 def shipped_spaces() -> list[str]:

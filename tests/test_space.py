@@ -164,3 +164,17 @@ def test_the_readme_example_is_a_valid_space(tmp_path):
     loaded = load_space(str(tmp_path / "readme_space.py"), world_size=2)
     assert [p.name for p in loaded.params][:2] == ["global_batch", "lr_per_256"]
     assert loaded.warm_starts
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("9**9**9", "an exponent is at most 64"),
+    ("'a' * 10**13", "arithmetic takes numbers"),
+    ("10**14 * 1000", "a value out of range"),
+    ("x" + "+x" * 150, "at most 200 parts"),
+    ("1" * 1001, "at most 1000 characters"),
+])
+def test_expressions_are_bounded_before_they_can_run_away(text, message):
+    from autotune._expr import Expr
+
+    with pytest.raises(ValueError, match=message):
+        Expr(text)({"x": 1.0})

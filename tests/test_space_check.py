@@ -48,6 +48,12 @@ CASES = {
     "warm start outside its range": (None, "warm start 1: epochs = 20 is outside int [2, 8]"),
     "int step that does not fit": ('Int("warmup_epochs", 0, 5, step=2)',
                                    "high - low (5) must be a multiple of step (2)"),
+    "derived value out of range": ('Derived("warmup_epochs", "9**9**9")',
+                                   "an exponent is at most 64"),
+    "derived arithmetic on text": ("""Derived("warmup_epochs", "'a' * 10**13")""",
+                                   "arithmetic takes numbers, got str and int"),
+    "derived that always fails": ('Derived("warmup_epochs", "epochs / 0")',
+                                  "none of 64 random points is feasible"),
 }
 
 
