@@ -71,14 +71,19 @@ def _check_page(browser, url: str) -> None:
 
     browser.get(url)
 
-    def link(text: str):  # a run's link in the runs table (not the breadcrumb's)
+    def link(name: str):  # a run's link in the runs table (not the breadcrumb's)
         return next((a for a in browser.find_elements(By.TAG_NAME, "a")
-                     if a.text == text and "/runs/" in (a.get_attribute("href") or "")), None)
+                     if (a.text == name or a.text.startswith(f"{name} "))
+                     and "/runs/" in (a.get_attribute("href") or "")), None)
 
     parent = _wait(lambda: link("quickstart"), 60, "the study's parent run")
     cell = parent.find_element(By.XPATH, "./ancestor::*[@role='gridcell'][1]")
     cell.find_element(By.TAG_NAME, "button").click()          # expand the nested trials
     _wait(lambda: link("trial-0") and link("trial-1"), 30, "the trials under the parent run")
+    # each trial's outcome reads in the runs table, in its name, without opening it
+    names = [link(f"trial-{i}").text for i in (0, 1)]
+    assert all(re.fullmatch(r"trial-\d+ (reached [\d.]+ s|censored \(\w+\)( after [\d.]+ s)?"
+                            r"|failed \(\w+\))", n) for n in names), names
     SCREENSHOTS.mkdir(exist_ok=True)
     path = SCREENSHOTS / "mlflow_study_runs.png"
     browser.save_screenshot(str(path))
