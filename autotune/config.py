@@ -231,6 +231,12 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
           f"{cfg.pruner!r} is not allowed; use tta, median or none")
     check(cfg.trainer.precision in ("bf16", "fp32"), "trainer.precision",
           f"{cfg.trainer.precision!r} is not allowed; use bf16 or fp32")
+    from .launch import bundled_trainers
+
+    programs = bundled_trainers()
+    check(cfg.trainer.program in programs, "trainer.program",
+          f"{cfg.trainer.program!r} is not allowed; name a module of trainers/: "
+          f"{', '.join(programs)}")
     kind = cfg.trainer.data.get("kind", "digits")
     check(kind in ("digits", "imagefolder", "synthetic"), "trainer.data.kind",
           f"{kind!r} is not allowed; use digits, imagefolder (with path) or synthetic")

@@ -32,15 +32,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def trainer_path(program: str) -> Path:
-    """The script of the trainer ``program`` (a module in ``trainers/``)."""
+def bundled_trainers() -> list[str]:
+    """The trainer programs a worker runs: the runnable modules of ``trainers/``."""
     import trainers
 
-    path = Path(trainers.__file__).parent / f"{program}.py"
-    if not path.is_file():
-        found = sorted(p.stem for p in path.parent.glob("*.py") if not p.stem.startswith("_"))
-        raise LaunchError(f"no trainer {program!r} in trainers/; found: {', '.join(found)}")
-    return path
+    return sorted(p.stem for p in Path(trainers.__file__).parent.glob("*.py")
+                  if not p.stem.startswith("_") and "__main__" in p.read_text())
+
+
+def trainer_path(program: str) -> Path:
+    """The script of the trainer ``program``: a module of ``trainers/``, named, never a path
+    (a study config, from a file or the study store, cannot make a worker run another file)."""
+    import trainers
+
+    found = bundled_trainers()
+    if program not in found:
+        raise LaunchError(f"trainer.program {program!r} is not a trainer this worker runs; "
+                          f"it runs the modules of trainers/: {', '.join(found)}")
+    return Path(trainers.__file__).parent / f"{program}.py"
 
 
 def _deepspeed_executable() -> str:

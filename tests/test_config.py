@@ -76,6 +76,11 @@ BAD = {
     "zero trial seconds": (["s.yaml", "budget: {max_trial_s: 0}\n"], "s.yaml",
                            "budget.max_trial_s must be positive"),
     "not a mapping": (["s.yaml", "- 1\n"], "s.yaml", "must be a mapping"),
+    "program outside trainers/": (["s.yaml", "trainer: {program: ../../../../tmp/x/evil}\n"],
+                                  "s.yaml", "trainer.program '../../../../tmp/x/evil' is not "
+                                  "allowed; name a module of trainers/: image_classifier, probe"),
+    "program that is no trainer": (["s.yaml", "trainer: {program: reporter}\n"], "s.yaml",
+                                   "trainer.program 'reporter' is not allowed"),
 }
 
 

@@ -154,3 +154,23 @@ def test_the_studys_timeout_reaches_the_trainer_as_its_deadline(tmp_path):
     assert replies[0]["deadline_s"] == pytest.approx(1e-3)
     assert (result.outcome, result.reason) == ("censored", "study_timeout")
     assert result.evals == 0
+
+
+def test_a_worker_refuses_a_program_outside_trainers_whatever_the_stored_config_says(
+        tmp_path):
+    # a study config rewritten in the store (or a study file from elsewhere) names a path:
+    # the worker fails the trial as a launch error and runs nothing
+    evil = tmp_path / "evil.py"
+    evil.write_text("open(__file__ + '.ran', 'w').write('ran')\n")
+    cfg = StudyConfig()
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, warm_ranks=False, program=str(evil.with_suffix(""))))
+    study = optuna.create_study(direction="minimize", sampler=make_sampler(cfg, 0),
+                                pruner=make_pruner(cfg))
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None,
+                         tmp_path / "runs", None)
+    with runner:
+        result = runner.run(study)
+    assert (result.outcome, result.reason) == ("failed", "launch_error")
+    assert "is not a trainer this worker runs" in result.detail
+    assert not (tmp_path / "evil.py.ran").exists()
