@@ -148,3 +148,11 @@ def test_compare_replays_every_method_in_worker_processes_and_ends_with_the_rati
                           "best_baseline_ratio"]
     assert last["best_baseline"] in se.METHODS and last["best_baseline"] != "autotune"
     assert float(last["autotune_median_h"]) > 0 and float(last["random_ratio"]) > 0
+
+
+def test_a_method_that_misses_in_half_its_studies_has_no_finite_median():
+    inf = float("inf")
+    assert se._ratio(inf, 10.0) == inf and se._ratio(5.0, inf) == 0.0
+    assert se._ratio(inf, inf) == 1.0 and se._ratio(30.0, 10.0) == 3.0
+    import statistics
+    assert statistics.median([1.0, inf, inf]) == inf      # what compare's medians rest on
