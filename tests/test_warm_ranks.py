@@ -89,12 +89,12 @@ def test_without_warm_ranks_every_trial_is_a_fresh_launch(tmp_path):
 def test_a_trainer_program_that_does_not_serve_plans_fails_with_what_to_do(tmp_path):
     import trainers
 
-    program = f"_noserve_{os.getpid()}"
+    program = f"noserve_{os.getpid()}"     # a runnable module of trainers/: a worker runs it
     script = os.path.join(os.path.dirname(trainers.__file__), f"{program}.py")
     with open(script, "w") as f:   # a trainer of the user's own, written before warm ranks
         f.write("import argparse\np = argparse.ArgumentParser()\n"
                 "for a in ('--plan', '--report-to', '--local_rank'):\n    p.add_argument(a)\n"
-                "p.parse_args()\n")
+                "if __name__ == '__main__':\n    p.parse_args()\n")
     try:
         runner, study = _runner(tmp_path)
         runner.cfg = dataclasses.replace(runner.cfg, trainer=dataclasses.replace(
