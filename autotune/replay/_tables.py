@@ -260,9 +260,16 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
     if not (data_path / "lcbench" / "model.onnx").is_file():
         raise TableError(f"no YAHPO LCBench surrogate under {data_path} (expected "
                          f"{data_path / 'lcbench' / 'model.onnx'})")
-    local_config.init_config()
-    local_config.set_data_path(str(data_path))
-    bench = BenchmarkSet("lcbench", check=False)
+    # yahpo-gym keeps its settings in one file under the home folder: processes that load a
+    # table at once (compare's pool) take turns writing it
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "autotune-yahpo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        local_config.init_config()
+        local_config.set_data_path(str(data_path))
+        bench = BenchmarkSet("lcbench", check=False)
     if instance not in bench.instances:
         raise TableError(f"LCBench has no instance {instance!r}; it has "
                          f"{', '.join(sorted(bench.instances)[:6])}, ...")
