@@ -121,7 +121,7 @@ class Expr:
         if op is ast.Pow and (abs(right) > MAX_EXPONENT or abs(left) > MAX_MAGNITUDE):
             raise ValueError(f"{self.text!r}: {left!r} ** {right!r} is out of range (an "
                              f"exponent is at most {MAX_EXPONENT})")
-        binary: Any = _BIN[op]
+        binary: Any = _BIN[op]  # type: ignore[index]
         try:
             result = binary(left, right)
         except (ArithmeticError, ValueError) as e:

@@ -45,7 +45,7 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
     from .study import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = open_storage(storage)
+    store = open_storage(storage, create=False)   # a missing study creates nothing
     try:
         study = optuna.load_study(study_name=study_name, storage=store)
     except KeyError as e:

@@ -36,10 +36,38 @@ __all__ = ["run_study", "open_storage", "format_result"]
 Print = Callable[[str], None]
 
 
-def open_storage(url: str) -> Any:
+def _require_existing(url: str) -> None:
+    """A one-line error, and nothing created, when the database at ``url`` holds no studies:
+    an SQLite file that is not there, or a database without Optuna's tables."""
+    import sqlalchemy
+
+    db = database_url(url)
+    if db.startswith("sqlite:///") and db != "sqlite:///:memory:":
+        path = Path(db.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise ConfigError(f"no study database at {path}; start a study there first "
+                              "(autotune start study FILE --storage ...)")
+        return
+    try:
+        engine = sqlalchemy.create_engine(db)
+        try:
+            has = sqlalchemy.inspect(engine).has_table("studies")
+        finally:
+            engine.dispose()
+    except Exception as e:  # noqa: BLE001 - any driver error: say it in one line
+        first = " ".join(str(e).split())[:200]
+        raise ConfigError(f"cannot open storage {redact(url)!r}: {redact(first)}") from e
+    if not has:
+        raise ConfigError(f"no autotune studies in {redact(url)} (it has no study tables); "
+                          "start a study there first (autotune start study FILE --storage "
+                          "...)")
+
+
+def open_storage(url: str, create: bool = True) -> Any:
     """Optuna's storage for ``url``: a database, or a study server (``autotune://HOST:PORT``,
     Optuna's gRPC proxy); either way riding out a restart of the other end. A one-line error
-    if it cannot be reached now."""
+    if it cannot be reached now. ``create=False`` (joining or reading a study): a database
+    that holds no studies is refused before anything is created in it."""
     from ._retry import RetryingStorage
 
     if url.startswith("autotune://"):
@@ -57,6 +85,8 @@ def open_storage(url: str) -> Any:
                               "`autotune server` running there?") from e
         return RetryingStorage(proxy,  # type: ignore[abstract]
                                f"the study server at {host}:{port}")
+    if not create:
+        _require_existing(url)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -62,7 +62,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
 
     quiet_libraries()
     sweep_orphaned_shm_buffers()  # left by an earlier worker on this machine killed with -9
-    storage = open_storage(storage_url)
+    storage = open_storage(storage_url, create=False)   # joins a study; creates nothing
     study, cfg, space = _load(storage, study_name)
     name = worker_name()
     folder = Path(cfg.run_dir) / cfg.study_name

@@ -165,3 +165,31 @@ def test_resuming_a_study_with_a_changed_file_is_refused_before_anything_is_writ
     assert sorted(p.name for p in workdir.iterdir()) == before     # no run folder, no mlruns
     assert optuna.load_study(study_name="exp", storage="sqlite:///autotune.db").user_attrs[
         "config"]["target"]["value"] == 0.97
+
+
+@pytest.mark.parametrize("argv", [
+    ["status", "nosuch"],
+    ["status", "nosuch", "--storage", "sqlite:///elsewhere.db"],
+    ["worker", "--storage", "sqlite:///w.db", "--study", "x"],
+])
+def test_reading_or_joining_a_missing_study_database_creates_nothing(argv, workdir, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no study database at" in err
+    assert list(workdir.iterdir()) == []
+
+
+@pytest.mark.postgres
+def test_status_on_a_database_without_studies_creates_no_tables(postgres, workdir, capsys):
+    import sqlalchemy
+
+    from autotune.config import database_url
+
+    url = postgres.database()
+    assert main(["status", "nosuch", "--storage", url]) == 2
+    assert "no autotune studies in" in capsys.readouterr().err
+    engine = sqlalchemy.create_engine(database_url(url))
+    try:
+        assert sqlalchemy.inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
