@@ -343,7 +343,8 @@ class WarmRanks:
         """Gives ``plan`` to the waiting ranks; False when they are gone, or say anything but
         ``ready`` within ``wait_s``."""
         for message in self.channel.messages(self.process, time.monotonic() + wait_s):
-            if message.get("type") != "ready":
+            # a "ready" said before the ranks died can still wait in the channel's buffer
+            if message.get("type") != "ready" or self.process.proc.poll() is not None:
                 return False
             self._log_at = self._log_size()
             self.channel.reply({"action": "plan", "plan": plan})
