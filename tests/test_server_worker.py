@@ -58,18 +58,18 @@ def test_a_server_bound_beyond_localhost_warns_that_it_is_unauthenticated(postgr
 
 
 def test_a_worker_for_an_unknown_study_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "autotune", "worker", "--storage",
-                             f"sqlite:///{tmp_path / 'x.db'}", "--study", "nope"],
-                            cwd=tmp_path, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    def join() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autotune", "worker", "--storage",
+                               f"sqlite:///{tmp_path / 'x.db'}", "--study", "nope"],
+                              cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    result = join()
     assert result.returncode == 2
     assert result.stderr.strip().startswith("autotune: error: no study database at")
     assert not (tmp_path / "x.db").exists()                  # joining creates nothing
     optuna.create_study(study_name="other", storage=f"sqlite:///{tmp_path / 'x.db'}")
-    result = subprocess.run([sys.executable, "-m", "autotune", "worker", "--storage",
-                             f"sqlite:///{tmp_path / 'x.db'}", "--study", "nope"],
-                            cwd=tmp_path, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = join()
     assert result.returncode == 2
     assert result.stderr.strip().startswith("autotune: error: no study 'nope'")
 
