@@ -123,11 +123,14 @@ def _add_status(sub: Any) -> None:
 def _worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ._channel import parse_address
     from .config import validate_storage_url
     from .errors import ConfigError
     from .launch import read_hostfile
     from .worker import run_worker
 
+    if args.server:
+        parse_address(args.server, "--server")
     storage = f"autotune://{args.server}" if args.server else args.storage
     validate_storage_url(storage, "--server" if args.server else "--storage")
     hostfile = None
@@ -160,18 +163,35 @@ def _add_worker(sub: Any) -> None:
 
 
 def _server(args: argparse.Namespace) -> int:
+    from ._channel import ServerSecurity
     from .config import validate_storage_url
     from .server import serve
 
     validate_storage_url(args.storage, "--storage")
-    return serve(args.storage, args.host, args.port)
+    security = ServerSecurity.from_options(args.host, args.token_file, args.tls_cert,
+                                           args.tls_key, args.insecure)
+    return serve(args.storage, args.host, args.port, security=security)
 
 
 def _add_server(sub: Any) -> None:
-    p = sub.add_parser("server", help="serve a study database to many workers")
+    p = sub.add_parser(
+        "server", help="serve a study database to many workers",
+        description="Serve a study database to workers. With a secret (the first line of "
+                    "--token-file, or AUTOTUNE_SERVER_TOKEN / AUTOTUNE_SERVER_TOKEN_FILE in "
+                    "the environment) every call must carry it; workers, start study and "
+                    "status send theirs from the same variables. Without one the server "
+                    "binds loopback only.")
     p.add_argument("--storage", required=True, help="database URL (postgresql://...)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=13000, help="port (default 13000)")
+    p.add_argument("--token-file", help="a file whose first line is the secret every client "
+                                        "must send (never the secret itself on the command "
+                                        "line)")
+    p.add_argument("--tls-cert", help="PEM certificate: serve over TLS (with --tls-key); "
+                                      "clients trust it through AUTOTUNE_SERVER_CA")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--insecure", action="store_true",
+                   help="bind an address beyond loopback without a secret, on purpose")
     p.set_defaults(func=_server)
 
 

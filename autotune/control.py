@@ -33,6 +33,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from ._channel import is_server_url, parse_address
 from .db import Registry, utcnow
 
 __all__ = ["ControlClient", "StallGuard", "WorkerSession", "add_control_service", "recover",
@@ -45,10 +46,6 @@ ORPHAN_BEATS = 6.0         # RUNNING with no attempt on record this many heartbe
 LATE_S = 1.0               # a recoverer this late for its own next check was itself stalled
 _METHOD = "/autotune.Control/Call"
 _CALLS = ("register", "heartbeat", "stop_worker", "attempt", "workers", "attempts")
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
-                   ("grpc.initial_reconnect_backoff_ms", 200),
-                   ("grpc.min_reconnect_backoff_ms", 200),
-                   ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 def worker_name() -> str:
@@ -80,9 +77,9 @@ class ControlClient:
     """The registry's calls, made on a study server's control channel."""
 
     def __init__(self, host: str, port: int, timeout_s: float = 10.0) -> None:
-        import grpc
+        from ._channel import Address, open_channel
 
-        self._channel = grpc.insecure_channel(f"{host}:{port}", options=CHANNEL_OPTIONS)
+        self._channel = open_channel(Address(host, port))
         self._call = self._channel.unary_unary(_METHOD)
         self._timeout_s = timeout_s
 
@@ -103,9 +100,9 @@ class ControlClient:
 def registry_for(storage_url: str) -> Any:
     """The registry of the study store ``storage_url``: its tables, or a study server's
     control channel."""
-    if storage_url.startswith("autotune://"):
-        host, _, port = storage_url.removeprefix("autotune://").rstrip("/").rpartition(":")
-        return ControlClient(host, int(port))
+    if is_server_url(storage_url):
+        address = parse_address(storage_url)
+        return ControlClient(address.host, address.port)
     return Registry(storage_url)
 
 

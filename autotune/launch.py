@@ -113,7 +113,9 @@ def trainer_env(device: str, threads_per_rank: int, *, shadow_mlflow: bool = Tru
     """The environment of the launcher and ranks. ``shadow_mlflow``: MLflow cannot be imported
     there (trainers/_no_mlflow), which saves DeepSpeed's needless import of it, about 2 s of
     CPU in each process at every trial's start (benchmarks/trial_startup.py)."""
-    env = dict(os.environ)
+    # The study server's secret stays with the worker: trainers never talk to the server.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AUTOTUNE_SERVER_TOKEN", "AUTOTUNE_SERVER_TOKEN_FILE")}
     root = Path(__file__).resolve().parent.parent
     paths = [str(root / "trainers" / "_no_mlflow")] if shadow_mlflow else []
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, str(root),

@@ -8,8 +8,9 @@
 * A control loop that gives up silent workers and queues their trials to resume from their
   last checkpoint on another worker.
 
-The channel is plain gRPC with no TLS and no authentication: it binds 127.0.0.1 unless told
-otherwise, and warns when it is told otherwise.
+Every call, storage and control alike, must carry the server's secret when it has one, over
+TLS when it is given a certificate; without a secret it binds loopback only unless told it is
+insecure on purpose (``autotune._channel`` says how both ends agree).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from ._channel import LOOPBACK, Address, ServerSecurity, check_port, is_server_url
 from ._retry import RetryingStorage
 from .config import database_url, redact
 from .errors import ConfigError
 
 __all__ = ["serve", "open_database"]
 
-_LOCAL = ("127.0.0.1", "localhost", "::1")
 DEFAULT_HEARTBEAT_S = 10.0
 # After the server starts, or its database comes back, workers get this long (besides the
 # usual 1.5 heartbeats) to reconnect and beat before any is given up.
@@ -275,7 +276,10 @@ class _SaysUnavailable:
         return call
 
 
-def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = print) -> int:
+def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = print,
+          security: ServerSecurity | None = None) -> int:
+    """Serves ``storage_url`` on ``host:port`` until SIGTERM or Ctrl-C. ``security``: its
+    secret and TLS key pair (``_channel``); None: neither, which binds loopback only."""
     import grpc
     import optuna
     from optuna.storages._grpc.auto_generated import api_pb2_grpc
@@ -284,12 +288,21 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
     from .control import add_control_service
     from .db import Registry
 
-    if storage_url.startswith("autotune://"):
+    if is_server_url(storage_url):
         raise ConfigError("--storage must be a database URL, not another study server")
-    if host not in _LOCAL:
-        print(f"autotune: warning: the study server at {host}:{port} has no authentication "
-              "and no TLS; anyone who reaches it can read and change every study in "
-              f"{redact(storage_url)}. Expose it only on a trusted network.", file=sys.stderr)
+    address = Address(host, check_port(port, "--port"))
+    security = security or ServerSecurity()
+    if security.token is None and host not in LOOPBACK:
+        if not security.insecure:
+            raise ConfigError(f"--host {host} without a secret is refused: give the server "
+                              "one (AUTOTUNE_SERVER_TOKEN_FILE) or pass --insecure")
+        print(f"autotune: warning: the study server at {address} has no secret (--insecure): "
+              "anyone who reaches it can read and change every study in "
+              f"{redact(storage_url)} and run trials on its workers", file=sys.stderr)
+    elif security.token is not None and security.cert is None and host not in LOOPBACK:
+        print(f"autotune: warning: the study server at {address} checks its secret but has "
+              "no TLS: the secret and the studies cross the network in the clear; give it "
+              "--tls-cert and --tls-key", file=sys.stderr)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         storage = open_database(storage_url)
@@ -301,16 +314,25 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
         first = " ".join(str(e).split())[:200]
         raise ConfigError(f"cannot open storage {redact(storage_url)!r}: {redact(first)}") \
             from e
-    server = grpc.server(ThreadPoolExecutor(max_workers=32))
+    # No SO_REUSEPORT: a second server on a port in use must fail, not share the port.
+    server = grpc.server(ThreadPoolExecutor(max_workers=32),
+                         interceptors=security.interceptors(),
+                         options=[("grpc.so_reuseport", 0)])
     api_pb2_grpc.add_StorageServiceServicer_to_server(
         _SaysUnavailable(OptunaStorageProxyService(storage), storage), server)
-    server.add_insecure_port(f"{host}:{port}")
+    try:
+        security.add_port(server, address)
+    except ConfigError:
+        registry.close()
+        raise
     add_control_service(server, registry)
     server.start()
     loop = ControlLoop(registry, storage, lambda line: print(line, flush=True))
     loop.start()
-    echo(f"study server for {redact(storage_url)} on {host}:{port}; workers use --server "
-         f"{host}:{port} (or --storage autotune://{host}:{port})")
+    guard = ("secret required" + (", TLS" if security.cert is not None else "")
+             if security.token is not None else "no secret: loopback only")
+    echo(f"study server for {redact(storage_url)} on {address} ({guard}); workers use "
+         f"--server {address} (or --storage autotune://{address})")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:

@@ -8,6 +8,7 @@ from typing import Any
 
 import optuna
 
+from ._channel import is_server_url
 from .config import database_url, redact
 from .decisions import elapsed_of
 from .errors import ConfigError
@@ -22,7 +23,7 @@ def _workers(url: str, study: str) -> list[dict[str, Any]]:
     from .control import registry_for
     from .db import Registry, Worker
 
-    if url.startswith("autotune://"):
+    if is_server_url(url):
         client: Any = registry_for(url)       # the study server's control channel
         try:
             return list(client.workers(study=study))

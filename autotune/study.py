@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from ._channel import Address, is_server_url, open_channel, parse_address, refused
 from .config import (
     StudyConfig,
     config_changes,
@@ -70,21 +71,24 @@ def open_storage(url: str, create: bool = True) -> Any:
     that holds no studies is refused before anything is created in it."""
     from ._retry import RetryingStorage
 
-    if url.startswith("autotune://"):
-        host, _, port = url.removeprefix("autotune://").rstrip("/").rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"study server address {url!r} must be autotune://HOST:PORT")
+    if is_server_url(url):
+        address = parse_address(url)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                proxy = _ServerProxy(host=host, port=int(port))
+                proxy = _ServerProxy(host=address.host, port=address.port)
                 proxy.get_all_studies()  # fails now, not in the middle of a study
+        except ConfigError:
+            raise
         except Exception as e:
+            why = refused(e)
+            if why:
+                raise ConfigError(f"the study server at {address} {why}") from None
             first = " ".join(str(e).split())[:200]
-            raise ConfigError(f"cannot reach the study server at {host}:{port}: {first}; is "
+            raise ConfigError(f"cannot reach the study server at {address}: {first}; is "
                               "`autotune server` running there?") from e
         return RetryingStorage(proxy,  # type: ignore[abstract]
-                               f"the study server at {host}:{port}")
+                               f"the study server at {address}")
     if not create:
         _require_existing(url)
     try:
@@ -106,13 +110,9 @@ class _ServerProxy(optuna.storages.GrpcStorageProxy):
     the square of the number of workers."""
 
     def _setup(self) -> None:
-        import grpc
         from optuna.storages._grpc.auto_generated import api_pb2_grpc
 
-        from .control import CHANNEL_OPTIONS
-
-        self._channel = grpc.insecure_channel(f"{self._host}:{self._port}",
-                                              options=CHANNEL_OPTIONS)
+        self._channel = open_channel(Address(self._host, self._port))
         self._stub = api_pb2_grpc.StorageServiceStub(self._channel)
         self._cache = _FinishedFirstCache(self._stub)
 
@@ -300,7 +300,7 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
                        "autotune.search_space": space.name,
                        "autotune.storage": cfg.storage.split(":", 1)[0]})
     registry = registry_for(cfg.storage)
-    if not cfg.storage.startswith("autotune://"):  # trials of workers that died meanwhile
+    if not is_server_url(cfg.storage):  # trials of workers that died meanwhile
         recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)
     existing = study.get_trials(deepcopy=False)
     tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
@@ -323,7 +323,7 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         _wait_for_remote_workers(cfg, study, registry, storage, echo)
     else:
         session = WorkerSession(registry, cfg.study_name, cfg.heartbeat_s,
-                                recover_with=None if cfg.storage.startswith("autotune://")
+                                recover_with=None if is_server_url(cfg.storage)
                                 else storage)
         try:
             _run_workers(cfg, space, size, tracker, study, storage, session, todo, echo)
@@ -349,7 +349,7 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
     a direct database URL this process also recovers the trials of workers that die (a
     study server does that itself)."""
     stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
-    direct = not cfg.storage.startswith("autotune://")
+    direct = not is_server_url(cfg.storage)
     since = utcnow()
     echo(f"study {cfg.study_name!r} waits for workers: autotune worker --storage "
          f"{redact(cfg.storage)} --study {cfg.study_name}")

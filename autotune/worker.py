@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from ._channel import is_server_url
 from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
@@ -68,7 +69,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     folder = Path(cfg.run_dir) / cfg.study_name
     registry = registry_for(storage_url)
     session = WorkerSession(registry, study_name, cfg.heartbeat_s, name=name,
-                            recover_with=None if storage_url.startswith("autotune://")
+                            recover_with=None if is_server_url(storage_url)
                             else storage)
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder / f"worker-{name}",
                       {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"})

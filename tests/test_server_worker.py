@@ -45,18 +45,6 @@ def test_a_remote_worker_runs_a_study_created_through_the_server(postgres, tmp_p
     assert trials[0].user_attrs["outcome"] == "reached"     # the warm start, on the worker
 
 
-def test_a_server_bound_beyond_localhost_warns_that_it_is_unauthenticated(postgres, tmp_path):
-    port = free_port()
-    server = autotune("server", "--storage", postgres.database(), "--host", "0.0.0.0",
-                      "--port", str(port), cwd=tmp_path)
-    try:
-        wait_for_port(port)
-    finally:
-        server.terminate()
-        _, err = server.communicate(timeout=20)
-    assert "has no authentication and no TLS" in err
-
-
 def test_a_worker_for_an_unknown_study_is_one_line(tmp_path):
     def join() -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "autotune", "worker", "--storage",
