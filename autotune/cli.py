@@ -28,7 +28,8 @@ def _start_study(args: argparse.Namespace) -> int:
                  "tracking_uri": args.tracking_uri, "workers": args.workers,
                  "study_name": args.study_name, "ranks_per_trial": args.ranks,
                  "seed": args.seed, "device": args.device, "run_dir": args.run_dir,
-                 "warm_start": False if args.no_warm_start else None}
+                 "warm_start": False if args.no_warm_start else None,
+                 "oversubscribe": True if args.oversubscribe else None}
     cfg = config.load(args.config, overrides)
     return study.run_study(cfg, accept_changes=args.accept_changes)
 
@@ -36,6 +37,7 @@ def _start_study(args: argparse.Namespace) -> int:
 def _space_show(args: argparse.Namespace) -> int:
     from .space import load_space
 
+    _check_world_size(args)
     print(load_space(args.space, world_size=args.world_size).table())
     return 0
 
@@ -44,6 +46,7 @@ def _space_check(args: argparse.Namespace) -> int:
     from .errors import SpaceError
     from .space import check_space, load_space
 
+    _check_world_size(args)
     try:
         space = load_space(args.space, world_size=args.world_size)
         problems = [f"{space.source_file}: {p}" for p in check_space(space)]
@@ -61,8 +64,10 @@ def _space_check(args: argparse.Namespace) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
+    from ._channel import check_port
     from .ui import serve
 
+    check_port(args.port, "--port")
     if args.host != "127.0.0.1":
         print(f"autotune: warning: the MLflow UI has no authentication; anyone who reaches "
               f"{args.host}:{args.port} can read and change this study's records",
@@ -82,11 +87,37 @@ def _add_ui(sub: Any) -> None:
     p.set_defaults(func=_ui)
 
 
+def _require_sqlite_file(url: str) -> None:
+    """db upgrade migrates a database; it does not make an SQLite file that is not there."""
+    from pathlib import Path
+
+    from .errors import ConfigError
+
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise ConfigError(f"no database at {path}; a study creates it with its tables "
+                              "(autotune start study FILE --storage ...)")
+
+
+def _check_world_size(args: argparse.Namespace) -> None:
+    from .errors import ConfigError
+
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size must be at least 1, got {args.world_size}")
+
+
 def _db_upgrade(args: argparse.Namespace) -> int:
     from . import db
+    from ._channel import is_server_url
     from .config import redact, validate_storage_url
+    from .errors import ConfigError
 
+    if is_server_url(args.storage):
+        raise ConfigError(f"--storage {args.storage} is a study server: db upgrade needs a "
+                          "database URL (the one the server was started with)")
     validate_storage_url(args.storage, "--storage")
+    _require_sqlite_file(args.storage)
     before = db.current(args.storage)
     db.upgrade(args.storage)
     after = db.current(args.storage)
@@ -146,7 +177,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError("--ranks-per-node needs --hostfile; without one, the study's "
                           "ranks_per_trial decides")
     return run_worker(storage, args.study, hostfile=hostfile,
-                      ranks_per_node=args.ranks_per_node)
+                      ranks_per_node=args.ranks_per_node, oversubscribe=args.oversubscribe)
 
 
 def _add_worker(sub: Any) -> None:
@@ -159,6 +190,9 @@ def _add_worker(sub: Any) -> None:
                                       "(over ssh, from this machine)")
     p.add_argument("--ranks-per-node", type=int, help="ranks on each node of the hostfile "
                                                       "(default: each line's slots)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="run a study whose ranks per trial outnumber this machine's cores or "
+                        "GPUs")
     p.set_defaults(func=_worker)
 
 
@@ -215,6 +249,8 @@ def _add_start_study(sub: Any) -> None:
     p.add_argument("--run-dir", help="folder for each trial's plan and log")
     p.add_argument("--no-warm-start", action="store_true",
                    help="do not enqueue the search space's known-good configurations")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="let the local workers' ranks outnumber this machine's cores or GPUs")
     p.add_argument("--accept-changes", action="store_true",
                    help="resume an existing study although its study file changed (target, "
                         "trainer, search space, ...); without it such a resume is refused")

@@ -8,6 +8,7 @@ nothing, so a bad file leaves no trace.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -83,6 +84,8 @@ class StudyConfig:
     pruner_margin: float = 1.0              # stop once elapsed > margin x best TTA
     pruner: str = "tta"                     # tta (autotune's); median or none: Optuna's
                                             # MedianPruner or no pruning, for comparisons
+    oversubscribe: bool = False             # let local ranks outnumber this machine's cores
+                                            # (or GPUs), on purpose
     heartbeat_s: float = 10.0               # workers beat this often; one silent for 1.5
                                             # beats is given up and its trial resumed elsewhere
     source: str = ""                        # where the config came from (file path or name)
@@ -164,8 +167,9 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
           "float": isinstance(value, (int, float)) and not isinstance(value, bool),
           "str": isinstance(value, str), "bool": isinstance(value, bool)}
     if base in ok and not ok[base]:
-        raise ConfigError(f"{where} must be {'a number' if base == 'float' else 'a ' + base}"
-                          f", got {value!r}")
+        what = {"float": "a number", "int": "a whole number", "bool": "true or false",
+                "str": "a string"}[base]
+        raise ConfigError(f"{where} must be {what}, got {value!r}")
     if base.startswith("dict") and not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping, got {value!r}")
     return float(value) if base == "float" else value
@@ -191,7 +195,46 @@ FLAGS = {"budget.n_trials": "--n-trials", "budget.timeout_s": "--timeout",
          "budget.max_trial_s": "--max-trial-seconds", "storage": "--storage",
          "tracking_uri": "--tracking-uri", "workers": "--workers", "study_name": "--study-name",
          "ranks_per_trial": "--ranks", "seed": "--seed", "device": "--device",
-         "run_dir": "--run-dir", "warm_start": "--no-warm-start"}
+         "run_dir": "--run-dir", "warm_start": "--no-warm-start",
+         "oversubscribe": "--oversubscribe"}
+
+# The keys of trainer.data each kind takes.
+DATA_KEYS = {"digits": ("kind", "image_size"),
+             "synthetic": ("kind", "image_size", "num_classes", "train_images", "val_images"),
+             "imagefolder": ("kind", "path", "image_size", "eval_size", "loader_workers")}
+# (low, high) of each whole-number key of trainer.data.
+_DATA_RANGES = {"image_size": (8, 4096), "eval_size": (8, 4096), "num_classes": (2, 100_000),
+                "train_images": (1, 10**9), "val_images": (1, 10**9), "loader_workers": (0, 64)}
+
+
+def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
+    kind = data.get("kind", "digits")
+    if kind not in DATA_KEYS:
+        return [("trainer.data.kind", f"{kind!r} is not allowed; use digits, imagefolder "
+                 "(with path) or synthetic")]
+    found = []
+    unknown = sorted(set(map(str, data)) - set(DATA_KEYS[kind]))
+    if unknown:
+        found.append(("trainer.data", f"has unknown key(s) {', '.join(unknown)}; a {kind} "
+                      f"source takes {', '.join(DATA_KEYS[kind])}"))
+    for key, (low, high) in _DATA_RANGES.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            found.append((f"trainer.data.{key}", f"must be a whole number from {low} to "
+                          f"{high}, got {value!r}"))
+    if kind == "imagefolder" and not (isinstance(data.get("path"), str) and data["path"]):
+        found.append(("trainer.data.path", "must name the ImageFolder root (with train/ and "
+                      "val/) when kind is imagefolder"))
+    return found
+
+
+def _model_names() -> list[str]:
+    """The torchvision classification models a trainer can build."""
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
 def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
@@ -208,16 +251,18 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(cfg.target.metric in _METRICS, "target.metric",
           f"{cfg.target.metric!r} is not allowed; use one of {', '.join(_METRICS)}")
     check(0.0 < cfg.target.value <= 1.0, "target.value", f"{cfg.target.value} is outside (0, 1]")
-    check(b.n_trials is None or b.n_trials >= 1, "budget.n_trials",
-          f"must be a positive integer, got {b.n_trials}")
-    check(b.timeout_s is None or b.timeout_s > 0, "budget.timeout_s",
+    check(b.n_trials is None or 1 <= b.n_trials <= 1_000_000, "budget.n_trials",
+          f"must be a positive integer up to 1000000, got {b.n_trials}")
+    check(b.timeout_s is None or 0 < b.timeout_s < math.inf, "budget.timeout_s",
           f"must be positive, got {b.timeout_s}")
-    check(b.max_trial_s > 0, "budget.max_trial_s", f"must be positive, got {b.max_trial_s}")
+    check(0 < b.max_trial_s < math.inf, "budget.max_trial_s",
+          f"must be positive, got {b.max_trial_s}")
     check(b.n_trials is not None or b.timeout_s is not None, "budget",
           "needs n_trials or timeout_s (or both), or the study never ends")
-    check(cfg.workers >= 0, "workers", f"must be 0 or more, got {cfg.workers}")
-    check(cfg.ranks_per_trial >= 1, "ranks_per_trial",
-          f"must be at least 1, got {cfg.ranks_per_trial}")
+    check(0 <= cfg.workers <= 1024, "workers", f"must be 0 or more (up to 1024), got "
+          f"{cfg.workers}")
+    check(1 <= cfg.ranks_per_trial <= 4096, "ranks_per_trial",
+          f"must be at least 1 (up to 4096), got {cfg.ranks_per_trial}")
     check(cfg.device in _DEVICES, "device",
           f"{cfg.device!r} is not allowed; use one of {', '.join(_DEVICES)}")
     check(0.5 <= cfg.heartbeat_s <= 600, "heartbeat_s",
@@ -226,6 +271,15 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
           f"must be 0 (off) or positive, got {cfg.trainer.checkpoint_every_s}")
     check(cfg.trainer.max_micro_batch >= 1, "trainer.max_micro_batch",
           f"must be at least 1, got {cfg.trainer.max_micro_batch}")
+    t = cfg.trainer
+    check(0 <= t.eval_every_s < math.inf, "trainer.eval_every_s",
+          f"must be 0 (off) or a positive number of seconds, got {t.eval_every_s}")
+    check(t.eval_every_steps >= 0, "trainer.eval_every_steps",
+          f"must be 0 (off) or a positive number of steps, got {t.eval_every_steps}")
+    check(t.eval_batch >= 1, "trainer.eval_batch", f"must be at least 1, got {t.eval_batch}")
+    check(t.num_classes >= 2, "trainer.num_classes", f"must be at least 2, got {t.num_classes}")
+    check(math.isfinite(t.checkpoint_every_s), "trainer.checkpoint_every_s",
+          f"must be a number of seconds, got {t.checkpoint_every_s}")
     check(cfg.pruner_margin >= 1.0, "pruner_margin", f"must be >= 1.0, got {cfg.pruner_margin}")
     check(cfg.pruner in ("tta", "median", "none"), "pruner",
           f"{cfg.pruner!r} is not allowed; use tta, median or none")
@@ -237,11 +291,12 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(cfg.trainer.program in programs, "trainer.program",
           f"{cfg.trainer.program!r} is not allowed; name a module of trainers/: "
           f"{', '.join(programs)}")
-    kind = cfg.trainer.data.get("kind", "digits")
-    check(kind in ("digits", "imagefolder", "synthetic"), "trainer.data.kind",
-          f"{kind!r} is not allowed; use digits, imagefolder (with path) or synthetic")
-    check(kind != "imagefolder" or bool(cfg.trainer.data.get("path")), "trainer.data.path",
-          "must name the ImageFolder root (with train/ and val/) when kind is imagefolder")
+    found.extend(_data_problems(cfg.trainer.data))
+    if not found:
+        models = _model_names()
+        check(cfg.trainer.model in models, "trainer.model",
+              f"{cfg.trainer.model!r} is not a torchvision classification model; use for "
+              "example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16")
     check(bool(re.match(r"^[a-z][a-z0-9+]*://", cfg.storage)), "storage",
           f"{cfg.storage!r} is not a database URL; use for example sqlite:///autotune.db or "
           "postgresql://user@host/db")
@@ -288,6 +343,8 @@ def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
         flagged.add(key)
         section, _, sub = key.partition(".")
         if sub:
+            if data.get(section) is not None and not isinstance(data[section], dict):
+                continue    # not a mapping: refused below, in the file's own words
             data[section] = {**(data.get(section) or {}), sub: value}
         else:
             data[key] = value
@@ -314,7 +371,7 @@ def _name_of(stem: str) -> str:
 
 # What a resumed study may change without being told: how long and where this run goes on.
 RESUMABLE = ("budget.n_trials", "budget.timeout_s", "workers", "storage", "tracking_uri",
-             "run_dir", "warm_start", "source", "base_dir", "seed")
+             "run_dir", "warm_start", "source", "base_dir", "seed", "oversubscribe")
 
 
 def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:

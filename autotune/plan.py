@@ -85,6 +85,19 @@ def split_batch(global_batch: int, world_size: int, max_micro_batch: int) -> tup
     raise PlanError(f"cannot split {per_rank} images per rank")  # unreachable: accum=per_rank
 
 
+# Plan parameters that take one of a few names, with those names.
+CHOICES: dict[str, tuple[str, ...]] = {"decay": tuple(DECAYS), "optimizer": OPTIMIZERS}
+
+
+def value_problems(name: str, values: Iterable[Any]) -> list[str]:
+    """What is wrong with the values a search space may give plan parameter ``name``."""
+    allowed = CHOICES.get(name)
+    if allowed is None:
+        return []
+    return [f"{name}: {v!r} is not allowed; use one of {', '.join(allowed)}"
+            for v in values if v not in allowed]
+
+
 def name_problems(names: Iterable[str]) -> list[str]:
     """What is wrong with a search space that sets exactly ``names``, as plan parameters."""
     names = set(names)

@@ -591,7 +591,8 @@ def _import_file(path: Path) -> Any:
     try:
         spec.loader.exec_module(module)
     except SpaceError as e:
-        raise SpaceError(f"{path}: {e}", problems=[f"{path}: {p}" for p in e.problems]) from e
+        raise SpaceError(f"{path}: {e.problems[0]}",
+                         problems=[f"{path}: {p}" for p in e.problems]) from e
     except Exception as e:  # the user's code: report what it raised, in one line
         raise SpaceError(f"{path}: raised {type(e).__name__}: {e}") from e
     return module
@@ -604,11 +605,16 @@ def check_space(space: SearchSpace, points: int = 64) -> list[str]:
     study is written, not after its first hundred draws."""
     import optuna
 
-    from .plan import name_problems
+    from .plan import name_problems, value_problems
 
     if space.define_by_run is not None:  # it may set any name; the plan checks each trial
         return []
     problems = name_problems([p.name for p in space.params] + [d.name for d in space.derived])
+    for p in space.params:
+        if isinstance(p, Categorical):
+            problems.extend(value_problems(p.name, p.choices))
+        elif isinstance(p, Fixed):
+            problems.extend(value_problems(p.name, [p.value]))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     why = None
     for _ in range(points):

@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ._channel import Address, is_server_url, open_channel, parse_address, refused
+from ._preflight import check_ranks, check_writable
 from .config import (
     StudyConfig,
     config_changes,
@@ -245,6 +246,11 @@ def _prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     number of classes."""
     from trainers.sources import num_classes, train_size
 
+    check_writable(cfg.tracking_uri, "tracking_uri")
+    check_writable(cfg.run_dir, "run_dir")
+    if cfg.workers >= 1:
+        check_ranks(cfg.device, cfg.ranks_per_trial, cfg.workers, cfg.oversubscribe,
+                    "oversubscribe: true (or --oversubscribe)")
     space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial)
     problems = check_space(space)
     if problems:

@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ._channel import is_server_url
+from ._preflight import check_ranks, check_writable
 from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
@@ -53,7 +54,8 @@ def _budget_left(study: optuna.Study, cfg: StudyConfig) -> bool:
 
 
 def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = print,
-               hostfile: Path | None = None, ranks_per_node: int | None = None) -> int:
+               hostfile: Path | None = None, ranks_per_node: int | None = None,
+               oversubscribe: bool = False) -> int:
     """Takes trials of ``study_name`` until its budget is spent or SIGTERM arrives. With a
     ``hostfile``, each trial runs across its nodes (``ranks_per_node`` ranks each, or each
     line's slots), started over ssh from this machine."""
@@ -65,6 +67,10 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     sweep_orphaned_shm_buffers()  # left by an earlier worker on this machine killed with -9
     storage = open_storage(storage_url, create=False)   # joins a study; creates nothing
     study, cfg, space = _load(storage, study_name)
+    check_writable(cfg.run_dir, "the study's run_dir")
+    check_writable(cfg.tracking_uri, "the study's tracking_uri")
+    if hostfile is None:   # this machine's ranks; a hostfile's nodes say their own slots
+        check_ranks(cfg.device, cfg.ranks_per_trial, 1, oversubscribe, "--oversubscribe")
     name = worker_name()
     folder = Path(cfg.run_dir) / cfg.study_name
     registry = registry_for(storage_url)

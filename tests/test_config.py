@@ -100,7 +100,7 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(case, workdir, capsys)
 
 
 @pytest.mark.parametrize(("flags", "expected"), [
-    (["--n-trials", "0"], "--n-trials must be a positive integer, got 0"),
+    (["--n-trials", "0"], "--n-trials must be a positive integer up to 1000000, got 0"),
     (["--timeout", "-5"], "--timeout must be positive, got -5.0"),
     (["--max-trial-seconds", "0"], "--max-trial-seconds must be positive"),
     (["--workers", "-1"], "--workers must be 0 or more"),

@@ -143,6 +143,32 @@ def _count_images(folder: Path) -> int:
     return sum(1 for p in folder.rglob("*") if p.suffix.lower() in _EXTENSIONS)
 
 
+def check_layout(root: Path) -> None:
+    """A one-line ValueError unless ``root`` is an ImageFolder tree a trainer can read: class
+    folders in train/, the same ones in val/, and images in every one of them."""
+    classes = {}
+    for part in ("train", "val"):
+        classes[part] = sorted(p.name for p in (root / part).iterdir() if p.is_dir())
+        if not classes[part]:
+            raise ValueError(f"ImageFolder {root}/{part} has no class folders (expected "
+                             f"{root}/{part}/<class>/*.JPEG)")
+    if classes["train"] != classes["val"]:
+        only_train = sorted(set(classes["train"]) - set(classes["val"]))
+        only_val = sorted(set(classes["val"]) - set(classes["train"]))
+        raise ValueError(f"ImageFolder {root}: train/ and val/ must hold the same class folders"
+                         f"; only in train/: {', '.join(only_train[:5]) or 'none'}; only in "
+                         f"val/: {', '.join(only_val[:5]) or 'none'}")
+    if len(classes["train"]) < 2:
+        raise ValueError(f"ImageFolder {root} has one class ({classes['train'][0]}); a "
+                         "classifier needs at least 2")
+    for part in ("train", "val"):
+        empty = [c for c in classes[part] if _count_images(root / part / c) == 0]
+        if empty:
+            raise ValueError(f"ImageFolder {root}/{part}: {len(empty)} class folder(s) hold no "
+                             f"images ({', '.join(empty[:5])}); allowed: "
+                             f"{', '.join(sorted(_EXTENSIONS))}")
+
+
 def train_size(spec: dict[str, Any]) -> int:
     """Number of training images of ``spec``, without decoding any."""
     kind = spec.get("kind", "digits")
@@ -156,10 +182,8 @@ def train_size(spec: dict[str, Any]) -> int:
             if not (root / part).is_dir():
                 raise ValueError(f"ImageFolder {root}: missing {part}/ (expected {root}/train/"
                                  f"<class>/*.JPEG and {root}/val/<class>/*.JPEG)")
-        n = _count_images(root / "train")
-        if n == 0:
-            raise ValueError(f"ImageFolder {root}/train holds no images")
-        return n
+        check_layout(root)
+        return _count_images(root / "train")
     raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")
 
 

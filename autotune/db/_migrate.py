@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from ..config import database_url
+from ..config import database_url, redact
 from ..errors import ConfigError
 
 __all__ = ["VERSION_TABLE", "head", "upgrade", "downgrade", "current", "check", "script_location"]
@@ -69,7 +69,12 @@ def current(url: str) -> str:
     from sqlalchemy import create_engine, inspect, text
     from sqlalchemy.exc import SQLAlchemyError
 
-    engine = create_engine(database_url(url))
+    try:
+        engine = create_engine(database_url(url))
+    except SQLAlchemyError as e:
+        first = " ".join(str(e).split())[:200]
+        raise ConfigError(f"cannot open {redact(url)}: {redact(first)}; use a database URL "
+                          "such as postgresql://user@host/db or sqlite:///autotune.db") from None
     try:
         with engine.connect() as conn:
             if not inspect(conn).has_table(VERSION_TABLE):
@@ -78,7 +83,7 @@ def current(url: str) -> str:
             return str(row[0]) if row else ""
     except SQLAlchemyError as e:
         first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot reach {url}: {first}") from e
+        raise ConfigError(f"cannot reach {redact(url)}: {redact(first)}") from None
     finally:
         engine.dispose()
 

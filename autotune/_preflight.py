@@ -1,0 +1,71 @@
+"""Checks of this machine that a study or worker makes before it writes anything: the folders it
+will write can be made, and the ranks it will start fit the cores or GPUs it has.
+
+Each raises a one-line :class:`ConfigError` that says what is wrong and what to do; none
+leaves anything behind (a folder is probed by making and removing a temporary one inside its
+nearest existing parent)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import ConfigError
+
+__all__ = ["check_ranks", "check_writable"]
+
+
+def _is_url(text: str) -> bool:
+    return bool(re.match(r"^[a-z][a-z0-9+.-]*:", text)) and not re.match(r"^[A-Za-z]:[\\/]",
+                                                                           text)
+
+
+def check_writable(path: str, key: str) -> None:
+    """A one-line error unless the folder ``path`` (``key`` names it in the error) exists and
+    is writable or can be made. URLs (an MLflow server, ``sqlite:``) are left to their owner."""
+    if not path or _is_url(path):
+        return
+    folder = Path(path)
+    parent = folder
+    while not parent.exists():
+        if parent.parent == parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{key} {path!r} cannot be made: {parent} is a file, not a folder; "
+                          "name a folder")
+    try:
+        probe = tempfile.mkdtemp(prefix=".autotune-probe-", dir=parent)
+    except OSError as e:
+        raise ConfigError(f"{key} {path!r} cannot be written ({e.strerror or e} in "
+                          f"{parent}); name a folder you can write") from None
+    shutil.rmtree(probe, ignore_errors=True)
+
+
+def local_slots(device: str) -> tuple[int, str]:
+    """How many ranks this machine holds without oversubscribing, and of what."""
+    if device == "cuda":
+        import torch
+
+        return (torch.cuda.device_count() if torch.cuda.is_available() else 0), "GPU(s)"
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1), "CPU core(s)"
+
+
+def check_ranks(device: str, ranks: int, workers: int, oversubscribe: bool,
+                flag: str = "oversubscribe: true") -> None:
+    """A one-line error unless ``workers`` local workers of ``ranks`` ranks each fit this
+    machine's cores (CPU) or GPUs; a GPU study needs a GPU even when oversubscribed."""
+    slots, what = local_slots(device)
+    if device == "cuda" and slots == 0:
+        raise ConfigError("device cuda: this machine has no CUDA GPU that torch can use; run "
+                          "the study with device: cpu, or its workers on a GPU machine")
+    wanted = ranks * max(workers, 1)
+    if wanted > slots and not oversubscribe:
+        raise ConfigError(f"{workers} local worker(s) x {ranks} rank(s) = {wanted} ranks, but "
+                          f"this machine has {slots} {what}: lower ranks_per_trial or "
+                          f"workers, run workers on more machines, or set {flag} to share "
+                          "them on purpose")

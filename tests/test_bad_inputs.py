@@ -1,0 +1,291 @@
+"""A careless or hostile user's inputs, table-driven: study files, flags, search spaces and CLI
+verbs. Each must end with exit code 2 and one line on stderr that says what was wrong (the
+expected words), with no traceback and no file, folder or database created in the working
+folder. (The study server's own bad inputs are in test_server_auth.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+
+HEADER = "from autotune import Categorical, Derived, Fixed, Float, Int, PowerOfTwo, SearchSpace\n"
+GOOD = ('PowerOfTwo("global_batch", 64, 256), Float("lr_per_256", 0.01, 1.0), '
+        'Int("epochs", 2, 8)')
+
+
+def _space(extra: str) -> str:
+    return (f"{HEADER}\ndef space(world_size):\n"
+            f"    return SearchSpace({GOOD}, {extra}, world_size=world_size)\n")
+
+
+# name: (study file text, expected words). Each file also gets `study_name: bad`.
+STUDY_FILES: dict[str, tuple[str, str]] = {
+    "unknown model": ("trainer: {model: resnet9000}\n", "not a torchvision classification"),
+    "model not a string": ("trainer: {model: 5}\n", "trainer.model must be a string"),
+    "unknown data kind": ("trainer: {data: {kind: parquet}}\n", "'parquet' is not allowed"),
+    "unknown data key": ("trainer: {data: {kind: digits, imagesize: 64}}\n",
+                         "unknown key(s) imagesize; a digits source takes kind, image_size"),
+    "image_size zero": ("trainer: {data: {kind: digits, image_size: 0}}\n", "from 8 to 4096"),
+    "image_size negative": ("trainer: {data: {kind: digits, image_size: -5}}\n",
+                            "from 8 to 4096, got -5"),
+    "image_size text": ("trainer: {data: {kind: digits, image_size: abc}}\n", "got 'abc'"),
+    "image_size huge": ("trainer: {data: {kind: digits, image_size: 100000}}\n",
+                        "from 8 to 4096"),
+    "image_size bool": ("trainer: {data: {kind: digits, image_size: true}}\n", "got True"),
+    "image_size float": ("trainer: {data: {kind: digits, image_size: 32.5}}\n", "got 32.5"),
+    "synthetic one class": ("trainer: {data: {kind: synthetic, num_classes: 1}}\n",
+                            "num_classes must be a whole number from 2"),
+    "synthetic no images": ("trainer: {data: {kind: synthetic, train_images: 0}}\n",
+                            "train_images must be"),
+    "synthetic unknown key": ("trainer: {data: {kind: synthetic, path: x}}\n",
+                              "unknown key(s) path"),
+    "imagefolder without path": ("trainer: {data: {kind: imagefolder}}\n",
+                                 "must name the ImageFolder root"),
+    "imagefolder path not text": ("trainer: {data: {kind: imagefolder, path: 5}}\n",
+                                  "must name the ImageFolder root"),
+    "imagefolder missing": ("trainer: {data: {kind: imagefolder, path: /nonexistent}}\n",
+                            "missing train/"),
+    "imagefolder negative workers": (
+        "trainer: {data: {kind: imagefolder, path: imgs, loader_workers: -1}}\n",
+        "loader_workers must be a whole number from 0 to 64"),
+    "imagefolder eval_size zero": (
+        "trainer: {data: {kind: imagefolder, path: imgs, eval_size: 0}}\n", "eval_size"),
+    "imagefolder no class folders": ("trainer: {data: {kind: imagefolder, path: noclass}}\n",
+                                     "has no class folders"),
+    "imagefolder classes differ": ("trainer: {data: {kind: imagefolder, path: mismatch}}\n",
+                                   "only in train/: b; only in val/: c"),
+    "imagefolder empty val class": ("trainer: {data: {kind: imagefolder, path: emptyval}}\n",
+                                    "val: 1 class folder(s) hold no images (b)"),
+    "imagefolder empty train class": (
+        "trainer: {data: {kind: imagefolder, path: emptytrain}}\n",
+        "train: 1 class folder(s) hold no images (a)"),
+    "imagefolder one class": ("trainer: {data: {kind: imagefolder, path: oneclass}}\n",
+                              "needs at least 2"),
+    "imagefolder val missing": ("trainer: {data: {kind: imagefolder, path: noval}}\n",
+                                "missing val/"),
+    "device cuda without a GPU": ("device: cuda\n", "no CUDA GPU"),
+    "device tpu": ("device: tpu\n", "'tpu' is not allowed; use one of cpu, cuda"),
+    "ranks beyond the cores": ("ranks_per_trial: 1000\n", "1000 ranks, but this machine has"),
+    "workers x ranks beyond the cores": ("workers: 64\n", "128 ranks, but this machine has"),
+    "ranks zero": ("ranks_per_trial: 0\n", "ranks_per_trial must be at least 1"),
+    "ranks negative": ("ranks_per_trial: -1\n", "ranks_per_trial must be at least 1"),
+    "ranks absurd": ("ranks_per_trial: 100000\n", "up to 4096"),
+    "workers negative": ("workers: -1\n", "workers must be 0 or more"),
+    "workers absurd": ("workers: 100000\n", "up to 1024"),
+    "workers text": ("workers: many\n", "workers must be a whole number, got 'many'"),
+    "oversubscribe text": ("oversubscribe: maybe\n", "oversubscribe must be true or false"),
+    "tracking_uri in /proc": ("tracking_uri: /proc/nope/mlruns\n", "cannot be written"),
+    "tracking_uri under a file": ("tracking_uri: afile/mlruns\n", "is a file, not a folder"),
+    "run_dir in /proc": ("run_dir: /proc/nope/runs\n", "run_dir '/proc/nope/runs' cannot be"),
+    "run_dir under a file": ("run_dir: afile/runs\n", "is a file, not a folder"),
+    "run_dir a file": ("run_dir: afile\n", "is a file, not a folder"),
+    "eval_every_s negative": ("trainer: {eval_every_s: -1}\n", "trainer.eval_every_s must be 0"),
+    "eval_every_s infinite": ("trainer: {eval_every_s: .inf}\n", "trainer.eval_every_s"),
+    "eval_every_steps negative": ("trainer: {eval_every_steps: -1}\n", "eval_every_steps must"),
+    "eval_batch zero": ("trainer: {eval_batch: 0}\n", "eval_batch must be at least 1"),
+    "num_classes one": ("trainer: {num_classes: 1}\n", "num_classes must be at least 2"),
+    "checkpoint_every_s negative": ("trainer: {checkpoint_every_s: -1}\n",
+                                    "checkpoint_every_s must be 0 (off) or positive"),
+    "checkpoint_every_s nan": ("trainer: {checkpoint_every_s: .nan}\n", "checkpoint_every_s"),
+    "max_micro_batch zero": ("trainer: {max_micro_batch: 0}\n", "max_micro_batch must be at"),
+    "precision fp8": ("trainer: {precision: fp8}\n", "'fp8' is not allowed; use bf16 or fp32"),
+    "warm_ranks text": ("trainer: {warm_ranks: maybe}\n", "warm_ranks must be true or false"),
+    "probe_micro_batch number": ("trainer: {probe_micro_batch: 3}\n", "must be true or false"),
+    "compile text": ("trainer: {compile: yes please}\n", "compile must be true or false"),
+    "unknown trainer key": ("trainer: {modle: resnet18}\n", "unknown key(s) trainer.modle"),
+    "trainer not a mapping": ("trainer: 5\n", "trainer must be a mapping"),
+    "program out of trainers/": ("trainer: {program: ../../../../tmp/x/evil}\n",
+                                 "is not allowed; name a module of trainers/"),
+    "program a script path": ("trainer: {program: /tmp/train.py}\n", "is not allowed"),
+    "program not a trainer": ("trainer: {program: sources}\n", "is not allowed"),
+    "metric top3": ("target: {metric: top3}\n", "'top3' is not allowed; use one of top1, top5"),
+    "target above 1": ("target: {value: 1.5}\n", "outside (0, 1]"),
+    "target negative": ("target: {value: -0.1}\n", "outside (0, 1]"),
+    "target infinite": ("target: {value: .inf}\n", "outside (0, 1]"),
+    "target nan": ("target: {value: .nan}\n", "outside (0, 1]"),
+    "target text": ("target: {value: high}\n", "target.value must be a number"),
+    "target a list": ("target: [0.9]\n", "target must be a mapping"),
+    "n_trials zero": ("budget: {n_trials: 0}\n", "budget.n_trials must be a positive integer"),
+    "n_trials negative": ("budget: {n_trials: -3}\n", "budget.n_trials must be a positive"),
+    "n_trials fraction": ("budget: {n_trials: 2.5}\n", "must be a whole number, got 2.5"),
+    "n_trials absurd": ("budget: {n_trials: 100000000000000000000}\n", "up to 1000000"),
+    "n_trials text": ("budget: {n_trials: all}\n", "must be a whole number, got 'all'"),
+    "no end to the study": ("budget: {n_trials: null}\n", "needs n_trials or timeout_s"),
+    "timeout negative": ("budget: {timeout_s: -1}\n", "budget.timeout_s must be positive"),
+    "timeout zero": ("budget: {timeout_s: 0}\n", "budget.timeout_s must be positive"),
+    "timeout infinite": ("budget: {timeout_s: .inf}\n", "budget.timeout_s must be positive"),
+    "max_trial_s zero": ("budget: {max_trial_s: 0}\n", "budget.max_trial_s must be positive"),
+    "max_trial_s nan": ("budget: {max_trial_s: .nan}\n", "budget.max_trial_s must be positive"),
+    "max_trial_s infinite": ("budget: {max_trial_s: .inf}\n", "budget.max_trial_s must be"),
+    "budget a list": ("budget: [1]\n", "budget must be a mapping"),
+    "unknown budget key": ("budget: {trials: 3}\n", "unknown key(s) budget.trials"),
+    "heartbeat zero": ("heartbeat_s: 0\n", "heartbeat_s must be within [0.5, 600]"),
+    "heartbeat an hour": ("heartbeat_s: 3600\n", "heartbeat_s must be within [0.5, 600]"),
+    "seed text": ("seed: x\n", "seed must be a whole number, got 'x'"),
+    "seed fraction": ("seed: 1.5\n", "seed must be a whole number, got 1.5"),
+    "pruner unknown": ("pruner: asha\n", "'asha' is not allowed; use tta, median or none"),
+    "pruner margin below 1": ("pruner_margin: 0.5\n", "pruner_margin must be >= 1.0"),
+    "warm_start text": ("warm_start: maybe\n", "warm_start must be true or false"),
+    "unknown top key": ("studyname: x\n", "unknown key(s) studyname"),
+    "storage not a URL": ("storage: study.db\n", "is not a database URL"),
+    "storage unknown scheme": ("storage: nosuch://x\n", "cannot open storage 'nosuch://x'"),
+    "storage server without port": ("storage: autotune://host\n", "must be HOST:PORT"),
+    "storage server port too high": ("storage: autotune://127.0.0.1:70000\n",
+                                     "is not a port; use 1 to 65535"),
+    "storage server down": ("storage: autotune://127.0.0.1:1\n",
+                            "cannot reach the study server at 127.0.0.1:1"),
+    "storage sqlite folder missing": ("storage: sqlite:////nonexistent/dir/a.db\n",
+                                      "unable to open database file"),
+    "storage postgres down": ("storage: postgresql://u:pw@127.0.0.1:1/x\n",
+                              "cannot open storage 'postgresql://u:***@127.0.0.1:1/x'"),
+    "space file missing": ("search_space: nowhere.py\n", "search space 'nowhere.py' not found"),
+    "space syntax error": ("search_space: syntax.py\n", "raised SyntaxError"),
+    "space file without space": ("search_space: nospace.py\n", "must define `space`"),
+    "space with an unknown name": ("search_space: unknown.py\n", "'dropout' is not a plan"),
+    "space with an unknown decay": ("search_space: zigzag.py\n", "zigzag"),
+    "space with an unknown optimizer": ("search_space: adamw.py\n", "adamw"),
+    "space with a runaway expression": ("search_space: runaway.py\n", "an exponent is at most"),
+    "space with a text blow-up": ("search_space: textbomb.py\n", "arithmetic takes numbers"),
+}
+
+SPACES = {
+    "syntax.py": "space = (\n",
+    "nospace.py": "x = 1\n",
+    "unknown.py": _space('Float("dropout", 0.0, 0.5)'),
+    "zigzag.py": _space('Categorical("decay", ["cosine", "zigzag"])'),
+    "adamw.py": _space('Fixed("optimizer", "adamw")'),
+    "runaway.py": _space('Derived("warmup_epochs", "9**9**9")'),
+    "textbomb.py": _space("""Derived("warmup_epochs", "'a' * 10**13")"""),
+}
+
+
+def _images(root: Path, train: dict[str, int], val: dict[str, int]) -> None:
+    from PIL import Image
+
+    for part, classes in (("train", train), ("val", val)):
+        (root / part).mkdir(parents=True, exist_ok=True)
+        for name, count in classes.items():
+            (root / part / name).mkdir()
+            for i in range(count):
+                image = Image.new("RGB", (8, 8), (i * 30 % 255, 0, 0))
+                image.save(root / part / name / f"{i}.png")
+
+
+def _lay_out(folder: Path) -> None:
+    """What the study files above refer to: spaces, a file, ImageFolder trees."""
+    for name, text in SPACES.items():
+        (folder / name).write_text(text)
+    (folder / "afile").write_text("not a folder")
+    _images(folder / "imgs", {"a": 2, "b": 2}, {"a": 1, "b": 1})
+    (folder / "noclass" / "train").mkdir(parents=True)
+    (folder / "noclass" / "val").mkdir()
+    _images(folder / "mismatch", {"a": 2, "b": 2}, {"a": 1, "c": 1})
+    _images(folder / "emptyval", {"a": 2, "b": 2}, {"a": 1, "b": 0})
+    _images(folder / "emptytrain", {"a": 0, "b": 2}, {"a": 1, "b": 1})
+    _images(folder / "oneclass", {"a": 2}, {"a": 1})
+    _images(folder / "noval", {"a": 1, "b": 1}, {})
+    (folder / "noval" / "val").rmdir()
+
+
+def _snapshot(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def _refused(argv: list[str], expected: str, folder: Path, capsys: pytest.CaptureFixture[str]
+             ) -> None:
+    before = _snapshot(folder)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("autotune: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert expected in err, err
+    assert _snapshot(folder) == before, sorted(_snapshot(folder) - before)
+
+
+@pytest.mark.parametrize("case", sorted(STUDY_FILES))
+def test_a_bad_study_file_is_refused_in_one_line_before_anything_is_written(case, workdir,
+                                                                            capsys):
+    text, expected = STUDY_FILES[case]
+    _lay_out(workdir)
+    (workdir / "study.yaml").write_text("study_name: bad\n" + text)
+    _refused(["start", "study", "study.yaml"], expected, workdir, capsys)
+
+
+FLAGS = {
+    "n-trials zero": (["--n-trials", "0"], "--n-trials must be a positive integer"),
+    "timeout negative": (["--timeout", "-5"], "--timeout must be positive"),
+    "max-trial-seconds zero": (["--max-trial-seconds", "0"], "--max-trial-seconds must be"),
+    "workers negative": (["--workers", "-1"], "--workers must be 0 or more"),
+    "workers beyond the cores": (["--workers", "64"], "or --oversubscribe"),
+    "study-name with a space": (["--study-name", "a b"], "--study-name 'a b' must be"),
+    "study-name too long": (["--study-name", "x" * 101], "must be 1-100 letters"),
+    "storage a path": (["--storage", "study.db"], "--storage 'study.db' is not a database"),
+    "storage server without port": (["--storage", "autotune://h"], "must be HOST:PORT"),
+    "ranks zero": (["--ranks", "0"], "--ranks must be at least 1"),
+    "ranks beyond the cores": (["--ranks", "64"], "64 ranks, but this machine has"),
+    "tracking-uri in /proc": (["--tracking-uri", "/proc/x/mlruns"], "cannot be written"),
+    "run-dir in /proc": (["--run-dir", "/proc/x/runs"], "cannot be written"),
+    "seed huge is fine but n-trials text": (["--n-trials", "0", "--seed", "3"],
+                                            "--n-trials must be"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLAGS))
+def test_a_bad_flag_is_refused_in_one_line_naming_it(case, workdir, capsys):
+    flags, expected = FLAGS[case]
+    _refused(["start", "study", "quickstart", *flags], expected, workdir, capsys)
+
+
+VERBS = {
+    "missing study file": (["start", "study", "nope.yaml"], "study file 'nope.yaml' not found"),
+    "study file of unknown type": (["start", "study", "afile"], "unknown file type"),
+    "db upgrade of a missing SQLite file": (["db", "upgrade", "--storage", "sqlite:///n.db"],
+                                            "no database at"),
+    "status of a missing database": (["status", "nosuch"], "no study database at"),
+    "status on a server without port": (["status", "x", "--storage", "autotune://h"],
+                                        "must be HOST:PORT"),
+    "status on a server that is down": (["status", "x", "--storage", "autotune://127.0.0.1:1"],
+                                        "cannot reach the study server"),
+    "status on a path": (["status", "x", "--storage", "study.db"], "is not a database URL"),
+    "worker on a missing database": (["worker", "--storage", "sqlite:///w.db", "--study", "x"],
+                                     "no study database at"),
+    "worker on a bad server address": (["worker", "--server", "nohost", "--study", "x"],
+                                       "--server 'nohost' must be HOST:PORT"),
+    "worker on a port too high": (["worker", "--server", "127.0.0.1:70000", "--study", "x"],
+                                  "is not a port; use 1 to 65535"),
+    "worker on a server that is down": (["worker", "--server", "127.0.0.1:1", "--study", "x"],
+                                        "cannot reach the study server"),
+    "worker with a missing hostfile": (["worker", "--storage", "sqlite:///w.db", "--study", "x",
+                                        "--hostfile", "nohosts"], "--hostfile nohosts: no such"),
+    "worker ranks per node zero": (["worker", "--storage", "sqlite:///w.db", "--study", "x",
+                                    "--ranks-per-node", "0"], "--ranks-per-node must be at"),
+    "db upgrade of a study server": (["db", "upgrade", "--storage", "autotune://127.0.0.1:1"],
+                                     "is a study server: db upgrade needs a database"),
+    "db upgrade of a path": (["db", "upgrade", "--storage", "study.db"], "not a database URL"),
+    "db upgrade of an unknown scheme": (["db", "upgrade", "--storage", "nosuch://x"],
+                                        "cannot open nosuch://x"),
+    "db upgrade of a database that is down": (
+        ["db", "upgrade", "--storage", "postgresql://u:pw@127.0.0.1:1/x"], "u:***@"),
+    "space show of a missing file": (["space", "show", "nowhere.py"], "not found"),
+    "space show for zero ranks": (["space", "show", "quickstart", "--world-size", "0"],
+                                  "--world-size must be at least 1"),
+    "space check for zero ranks": (["space", "check", "quickstart", "--world-size", "0"],
+                                   "--world-size must be at least 1"),
+    "ui on a port too high": (["ui", "--port", "70000"], "is not a port; use 1 to 65535"),
+    "ui on a store that is not there": (["ui", "--tracking-uri", "nostore"], "nostore"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VERBS))
+def test_a_bad_command_is_refused_in_one_line_and_writes_nothing(case, workdir, capsys):
+    argv, expected = VERBS[case]
+    (workdir / "afile").write_text("x")
+    _refused(argv, expected, workdir, capsys)
+
+
+def test_the_tables_hold_over_a_hundred_bad_inputs():
+    assert len(STUDY_FILES) + len(FLAGS) + len(VERBS) >= 100
