@@ -57,6 +57,8 @@ class TrainerConfig:
     zero_init_residual: bool = False
     precision: str = "bf16"                 # on GPUs: bf16 autocast or fp32; CPUs use fp32
     compile: bool = False                   # torch.compile the model
+    setup_limit_s: float = 600.0            # launch to first step at most (model, data,
+                                            # DeepSpeed); past it: failed as setup_timeout
     checkpoint_every_s: float = 60.0        # a checkpoint at the first evaluation after this
                                             # many training seconds, so a trial whose worker
                                             # dies resumes from there; 0: only on SIGTERM
@@ -278,6 +280,8 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
           f"must be 0 (off) or a positive number of steps, got {t.eval_every_steps}")
     check(t.eval_batch >= 1, "trainer.eval_batch", f"must be at least 1, got {t.eval_batch}")
     check(t.num_classes >= 2, "trainer.num_classes", f"must be at least 2, got {t.num_classes}")
+    check(1 <= t.setup_limit_s <= 86400, "trainer.setup_limit_s",
+          f"must be within [1, 86400] seconds, got {t.setup_limit_s}")
     check(math.isfinite(t.checkpoint_every_s), "trainer.checkpoint_every_s",
           f"must be a number of seconds, got {t.checkpoint_every_s}")
     check(cfg.pruner_margin >= 1.0, "pruner_margin", f"must be >= 1.0, got {cfg.pruner_margin}")
@@ -371,7 +375,8 @@ def _name_of(stem: str) -> str:
 
 # What a resumed study may change without being told: how long and where this run goes on.
 RESUMABLE = ("budget.n_trials", "budget.timeout_s", "workers", "storage", "tracking_uri",
-             "run_dir", "warm_start", "source", "base_dir", "seed", "oversubscribe")
+             "run_dir", "warm_start", "source", "base_dir", "seed", "oversubscribe",
+             "trainer.setup_limit_s")
 
 
 def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -68,7 +68,7 @@ def deepspeed_command(script: Path, plan_path: Path, report_to: str, *, ranks: i
     runner only writes it and waits, and its own start (Python, torch, DeepSpeed) costs every
     trial seconds on a CPU."""
     world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode())
-    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch",
+    return [sys.executable, "-u", "-m", "trainers._launch",
             f"--world_info={world.decode()}", "--master_addr=127.0.0.1",
             f"--master_port={master_port}", str(script), "--plan", str(plan_path),
             "--report-to", report_to]
@@ -121,6 +121,9 @@ def trainer_env(device: str, threads_per_rank: int, *, shadow_mlflow: bool = Tru
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, str(root),
                                                     env.get("PYTHONPATH", "")) if p)
     env["OMP_NUM_THREADS"] = str(threads_per_rank)
+    # The launcher and ranks import nothing from the folder they were started in (a stray
+    # inspect.py there would crash every trial): Python 3.11's safe path.
+    env["PYTHONSAFEPATH"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
@@ -276,20 +279,22 @@ class ReportChannel:
         self._conn: socket.socket | None = None
         self._buffer = b""   # what came after the last whole message, kept between trials
 
-    def messages(self, process: TrainerProcess, deadline: float,
+    def messages(self, process: TrainerProcess, deadline: float | Callable[[], float],
                  idle: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
         """Yields each message until the trainer closes the channel, exits, or ``deadline``
-        (a ``time.monotonic()`` value) passes. Reply to each with :meth:`reply`. ``idle`` is
-        called about every half second while no message comes."""
+        (a ``time.monotonic()`` value, or a function giving the one in force: it may move, as
+        a trial's setup limit gives way to its training limit) passes. Reply to each with
+        :meth:`reply`. ``idle`` is called about every half second while no message comes."""
+        limit = deadline if callable(deadline) else (lambda: float(deadline))
         while self._conn is None:
-            if not process.running() or time.monotonic() > deadline:
+            if not process.running() or time.monotonic() > limit():
                 return
             try:
                 self._conn, _ = self._server.accept()
             except TimeoutError:
                 continue
             self._conn.settimeout(0.5)
-        while time.monotonic() <= deadline:
+        while time.monotonic() <= limit():
             while b"\n" in self._buffer:
                 line, self._buffer = self._buffer.split(b"\n", 1)
                 yield json.loads(line)

@@ -62,7 +62,6 @@ log = logging.getLogger("autotune")
 __all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "TrialRunner", "make_pruner",
            "make_sampler", "optuna_state", "tell_optuna_style", "tell_result"]
 
-LAUNCH_GRACE_S = 180.0      # setup time allowed before the trainer's first report
 STORE_RETRY_S = 3.0         # a trial's writes wait this long after the store failed to answer
 MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
 # Warm trainer ranks are replaced after this many trials: whatever a long-lived process
@@ -358,7 +357,11 @@ class TrialRunner:
         best, evals, curve = 0.0, 0, []
         stop_reason = ""
         end: dict[str, Any] | None = None
-        hard_deadline = time.monotonic() + LAUNCH_GRACE_S + plan["max_seconds"] * 2 + 60
+        # Setup has its own limit, counted from the launch; training's starts at the start
+        # report (the first step), so a slow setup never eats a trial's training time.
+        setup_limit = float(self.cfg.trainer.setup_limit_s)
+        limits = {"until": time.monotonic() + setup_limit, "phase": "setup"}
+        training_limit = plan["max_seconds"] * 2 + 60
         asked: list[bool] = []
         attempt = len(trial.user_attrs.get("lineage", [])) + 1
         every = float(self.cfg.trainer.checkpoint_every_s)
@@ -398,9 +401,10 @@ class TrialRunner:
                 asked.append(True)
 
         try:
-            for msg in channel.messages(process, hard_deadline, idle):
+            for msg in channel.messages(process, lambda: limits["until"], idle):
                 kind = msg.get("type")
                 if kind == "start":
+                    limits.update(until=time.monotonic() + training_limit, phase="training")
                     writes.append(partial(trial.set_user_attr, "setup_s", msg.get("setup_s")))
                     writes.append(partial(trial.set_user_attr, "hosts", msg.get("hosts", [])))
                     # which trainer process ran it, and its how-manieth trial (1: launched
@@ -458,6 +462,15 @@ class TrialRunner:
             stop_reason = "study_timeout"
         result = classify(trial.number, end, code, process.tail() if end is None else "", best,
                           evals, stop_reason)
+        if end is None and time.monotonic() > limits["until"]:   # killed at its limit: say so
+            if limits["phase"] == "setup":
+                result.reason = "setup_timeout"
+                result.detail = (f"the trainer did not finish setting up within {setup_limit:.0f}"
+                                 " s of its launch (trainer.setup_limit_s); raise it where a "
+                                 f"first setup is slow. {result.detail}")
+            else:
+                result.detail = (f"no report for {training_limit:.0f} s of training (2 x "
+                                 f"max_trial_s + 60 s): stopped as hung. {result.detail}")
         if result.reason == "crashed" and "unrecognized arguments: --serve" in result.detail:
             result.detail = (f"trainer program {self.cfg.trainer.program!r} does not take "
                              "--serve (warm ranks); set trainer.warm_ranks: false in the "

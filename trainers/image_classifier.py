@@ -50,6 +50,9 @@ from typing import Any
 
 if __package__ in (None, ""):  # started as a script by the launcher
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from trainers._lifeline import die_with_parent
+
+    die_with_parent()             # the launcher gone (its worker killed): this rank goes too
 
 import torch
 import torch.distributed as dist

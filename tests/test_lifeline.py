@@ -1,0 +1,120 @@
+"""Nothing outlives its worker: a worker killed with SIGKILL while its trial trains takes the
+launcher and every rank with it (the kernel's parent-death signal), and ranks started from a
+folder holding a stray module of a standard name (inspect.py) do not import it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WORKER = """
+import sys, json
+sys.path.insert(0, {root!r})
+from tests._drive import make_plan
+from autotune.launch import run_plan, keep_going
+
+def on_message(msg, channel, process):
+    if msg["type"] == "eval":
+        print(json.dumps({{"launcher": process.proc.pid}}), flush=True)
+
+run_plan(make_plan(epochs=200), __import__("pathlib").Path("run"), answer=keep_going,
+         on_message=on_message, timeout_s=600)
+"""
+
+
+CHAIN = """
+import sys, json, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from autotune.launch import TrainerProcess, deepspeed_command, trainer_env
+command = deepspeed_command(Path({rank!r}), Path("plan.json"), "127.0.0.1:1", ranks=2,
+                            master_port=29999)
+process = TrainerProcess(command, trainer_env("cpu", 1), Path("launch.log"))
+print(json.dumps({{"launcher": process.proc.pid}}), flush=True)
+time.sleep(600)
+"""
+
+# A rank that never talks to the worker (as ranks still building or loading do), tied to
+# its launcher by the trainers' own lifeline.
+RANK = """
+import sys, time
+sys.path.insert(0, {root!r})
+from trainers._lifeline import die_with_parent
+die_with_parent()
+time.sleep(600)
+"""
+
+
+def test_ranks_that_never_report_die_with_the_launcher_which_dies_with_its_worker(tmp_path):
+    rank = tmp_path / "rank.py"
+    rank.write_text(RANK.format(root=str(ROOT)))
+    script = tmp_path / "chain.py"
+    script.write_text(CHAIN.format(root=str(ROOT), rank=str(rank)))
+    worker = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = worker.stdout.readline()
+        assert line, worker.stderr.read()[-3000:]
+        launcher = psutil.Process(int(__import__("json").loads(line)["launcher"]))
+        deadline = time.monotonic() + 60
+        while len(launcher.children(recursive=True)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = [p.pid for p in launcher.children(recursive=True)]
+        assert len(ranks) == 2, (ranks, (tmp_path / "launch.log").read_text()[-2000:])
+        time.sleep(1.0)                           # the ranks have armed their lifeline
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive([launcher.pid, *ranks]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive([launcher.pid, *ranks]), "launcher or ranks outlived their worker"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        for pid in _alive(locals().get("ranks", [])):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_a_killed_worker_takes_its_launcher_and_ranks_with_it(tmp_path):
+    (tmp_path / "inspect.py").write_text("raise SystemExit('a stray inspect.py was imported')\n")
+    (tmp_path / "run").mkdir()
+    script = tmp_path / "worker_stand_in.py"
+    script.write_text(WORKER.format(root=str(ROOT)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    worker = subprocess.Popen([sys.executable, "-P", str(script)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = worker.stdout.readline()           # the first evaluation: ranks are training
+        assert line, worker.stderr.read()[-3000:]
+        launcher = psutil.Process(int(__import__("json").loads(line)["launcher"]))
+        ranks = [p.pid for p in launcher.children(recursive=True)]
+        assert len(ranks) == 2, ranks
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive([launcher.pid, *ranks]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive([launcher.pid, *ranks]), "launcher or ranks outlived their worker"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
