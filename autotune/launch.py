@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from ._ops import extensions_dir
 from .errors import LaunchError
 
 __all__ = ["deepspeed_command", "free_port", "keep_going", "multinode_commands",
@@ -124,6 +125,9 @@ def trainer_env(device: str, threads_per_rank: int, *, shadow_mlflow: bool = Tru
     # The launcher and ranks import nothing from the folder they were started in (a stray
     # inspect.py there would crash every trial): Python 3.11's safe path.
     env["PYTHONSAFEPATH"] = "1"
+    # DeepSpeed's compiled CPU op lives in this environment's own folder, not in the one
+    # every environment shares behind one lock (autotune._ops).
+    env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     env["PYTHONUNBUFFERED"] = "1"
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"

@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from ._ops import ensure_cpu_ops
 from ._retry import StoreUnavailable
 from .config import StudyConfig
 from .decisions import (
@@ -138,6 +139,7 @@ class TrialRunner:
         self.session = session      # a control.WorkerSession: attempts and heartbeats
         self._interrupted = threading.Event()
         self._local = threading.local()   # each local worker thread's warm ranks
+        self._ops_lock, self._ops_ready = threading.Lock(), False
         self.cfg = cfg
         self.space = space
         self.train_size = train_size
@@ -331,6 +333,12 @@ class TrialRunner:
                      "launches anew", ranks.started_for, ranks.process.proc.poll(),
                      trial.number)
             ranks.close(kill=True)
+        if self.cfg.device == "cpu" and self.hostfile is None:
+            with self._ops_lock:   # once per worker: the op DeepSpeed's CPU ranks compile
+                if not self._ops_ready:
+                    ensure_cpu_ops(trainer_env(self.cfg.device, 1),
+                                   echo=lambda line: print(f"autotune: {line}", flush=True))
+                    self._ops_ready = True
         channel, command = self._command(plan_path)
         serve = self.cfg.trainer.warm_ranks
         if serve:

@@ -1,0 +1,34 @@
+"""DeepSpeed's CPU op: each Python environment has its own extension folder (no shared lock),
+a user's TORCH_EXTENSIONS_DIR wins, and a worker builds the op there once, before any trial,
+so a trial's setup never includes the build."""
+
+from __future__ import annotations
+
+import sys
+
+from autotune import _ops
+from autotune.launch import trainer_env
+
+
+def test_each_environment_has_its_own_folder_and_the_users_choice_wins(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    _ops._environment_key.cache_clear()
+    here = _ops.extensions_dir()
+    monkeypatch.setattr(sys, "prefix", "/some/other/venv")
+    _ops._environment_key.cache_clear()
+    other = _ops.extensions_dir()
+    _ops._environment_key.cache_clear()
+    assert here != other and here.startswith(str(tmp_path)) and other.startswith(str(tmp_path))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    assert _ops.extensions_dir() == str(tmp_path / "mine")
+    assert trainer_env("cpu", 1)["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "mine")
+
+
+def test_a_built_op_is_not_built_again(tmp_path):
+    folder = tmp_path / "py311_cpu" / "deepspeed_shm_comm"
+    folder.mkdir(parents=True)
+    (folder / "deepspeed_shm_comm.so").write_bytes(b"")
+    said: list[str] = []
+    assert _ops.ensure_cpu_ops({"TORCH_EXTENSIONS_DIR": str(tmp_path)}, said.append) == 0.0
+    assert said == []
