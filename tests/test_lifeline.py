@@ -71,17 +71,22 @@ def test_ranks_that_never_report_die_with_the_launcher_which_dies_with_its_worke
         ranks = [p.pid for p in launcher.children(recursive=True)]
         assert len(ranks) == 2, (ranks, (tmp_path / "launch.log").read_text()[-2000:])
         time.sleep(1.0)                           # the ranks have armed their lifeline
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait(10)
-        deadline = time.monotonic() + 15
-        while _alive([launcher.pid, *ranks]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive([launcher.pid, *ranks]), "launcher or ranks outlived their worker"
+        _kill_and_expect_gone(worker, [launcher.pid, *ranks])
     finally:
         if worker.poll() is None:
             worker.kill()
         for pid in _alive(locals().get("ranks", [])):
             os.kill(pid, signal.SIGKILL)
+
+
+def _kill_and_expect_gone(worker: subprocess.Popen[str], trainers: list[int]) -> None:
+    """SIGKILLs ``worker``; its ``trainers`` must be gone within 15 s."""
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(10)
+    deadline = time.monotonic() + 15
+    while _alive(trainers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(trainers), "launcher or ranks outlived their worker"
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -109,12 +114,7 @@ def test_a_killed_worker_takes_its_launcher_and_ranks_with_it(tmp_path):
         launcher = psutil.Process(int(__import__("json").loads(line)["launcher"]))
         ranks = [p.pid for p in launcher.children(recursive=True)]
         assert len(ranks) == 2, ranks
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait(10)
-        deadline = time.monotonic() + 15
-        while _alive([launcher.pid, *ranks]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive([launcher.pid, *ranks]), "launcher or ranks outlived their worker"
+        _kill_and_expect_gone(worker, [launcher.pid, *ranks])
     finally:
         if worker.poll() is None:
             worker.kill()
