@@ -113,26 +113,25 @@ def _read_pem(path: str | os.PathLike[str], where: str) -> bytes:
     return data
 
 
-class _WithToken:
+def _token_interceptor(token: str) -> Any:
     """A client interceptor that sends the secret with every call."""
+    import grpc
 
-    def __init__(self, token: str) -> None:
-        self._token = token
+    class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
+        pass
 
-    def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any,
-                              request: Any) -> Any:
-        import grpc
+    class _WithToken(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+        def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any,
+                                  request: Any) -> Any:
+            new = _Details()
+            new.method, new.timeout = details.method, details.timeout
+            new.credentials = details.credentials
+            new.wait_for_ready = getattr(details, "wait_for_ready", None)
+            new.compression = getattr(details, "compression", None)
+            new.metadata = [*(details.metadata or ()), (_HEADER, f"Bearer {token}")]
+            return continuation(new, request)
 
-        class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
-            pass
-
-        new = _Details()
-        new.method, new.timeout, new.credentials = details.method, details.timeout, \
-            details.credentials
-        new.wait_for_ready = getattr(details, "wait_for_ready", None)
-        new.compression = getattr(details, "compression", None)
-        new.metadata = [*(details.metadata or ()), (_HEADER, f"Bearer {self._token}")]
-        return continuation(new, request)
+    return _WithToken()
 
 
 def open_channel(address: Address) -> Any:
@@ -150,10 +149,7 @@ def open_channel(address: Address) -> Any:
     token = client_token()
     if token is None:
         return channel
-    interceptor = _WithToken(token)
-    client_interceptor = type("_Interceptor", (grpc.UnaryUnaryClientInterceptor,),
-                              {"intercept_unary_unary": interceptor.intercept_unary_unary})
-    return grpc.intercept_channel(channel, client_interceptor())
+    return grpc.intercept_channel(channel, _token_interceptor(token))
 
 
 def refused(error: BaseException) -> str | None:
