@@ -282,13 +282,18 @@ class ReportChannel:
         self.address = f"{advertise or host}:{self._server.getsockname()[1]}"
         self._conn: socket.socket | None = None
         self._buffer = b""   # what came after the last whole message, kept between trials
+        # The trainer's last setup note ({"type": "setup", "phase", "at_s"}) and when it
+        # came; notes get no reply and are not yielded by ``messages``.
+        self.setup_note: dict[str, Any] | None = None
+        self.setup_note_at: float | None = None
 
     def messages(self, process: TrainerProcess, deadline: float | Callable[[], float],
                  idle: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
         """Yields each message until the trainer closes the channel, exits, or ``deadline``
         (a ``time.monotonic()`` value, or a function giving the one in force: it may move, as
         a trial's setup limit gives way to its training limit) passes. Reply to each with
-        :meth:`reply`. ``idle`` is called about every half second while no message comes."""
+        :meth:`reply`. ``idle`` is called about every half second while no message comes.
+        Setup notes are kept in ``setup_note``, not yielded."""
         limit = deadline if callable(deadline) else (lambda: float(deadline))
         while self._conn is None:
             if not process.running() or time.monotonic() > limit():
@@ -301,7 +306,11 @@ class ReportChannel:
         while time.monotonic() <= limit():
             while b"\n" in self._buffer:
                 line, self._buffer = self._buffer.split(b"\n", 1)
-                yield json.loads(line)
+                message = json.loads(line)
+                if isinstance(message, dict) and message.get("type") == "setup":
+                    self.setup_note, self.setup_note_at = message, time.monotonic()
+                    continue
+                yield message
             try:
                 chunk = self._conn.recv(65536)
             except TimeoutError:

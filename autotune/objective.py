@@ -119,6 +119,23 @@ def probe_micro_batch(cfg: StudyConfig, ranks: int) -> int:
     return int(found["micro_batch"])
 
 
+SETUP_PHASES = {"distributed": "starting the process group",
+                "data": "opening the data source", "model": "building the model",
+                "engine": "setting up DeepSpeed's engine",
+                "resume": "loading the checkpoint it resumes from"}
+
+
+def setup_whereabouts(channel: ReportChannel, launched_at: float) -> str:
+    """Where a trainer's setup was, from its last setup note: for a setup_timeout's detail."""
+    note, at = channel.setup_note, channel.setup_note_at
+    if note is None or at is None:
+        return ("it never reported a setup phase (still launching: the launcher starting its "
+                "ranks, or their imports)")
+    phase = str(note.get("phase"))
+    return (f"it was {SETUP_PHASES.get(phase, phase)} (phase {phase!r}, entered "
+            f"{at - launched_at:.0f} s after the launch)")
+
+
 class TrialRunner:
     """Runs trials of one study; shared by the local workers."""
 
@@ -361,6 +378,8 @@ class TrialRunner:
             channel, process, ranks = self._start(trial, plan, plan_path, folder)
         except AutotuneError as e:
             return TrialResult(trial.number, {}, "failed", "launch_error", detail=str(e))
+        launched_at = time.monotonic()
+        channel.setup_note = None     # warm ranks: the last trial's notes are not this one's
         metric = self.cfg.target.metric
         best, evals, curve = 0.0, 0, []
         stop_reason = ""
@@ -420,6 +439,11 @@ class TrialRunner:
                     writes.append(partial(trial.set_user_attr, "trainer_pid", msg.get("pid")))
                     writes.append(partial(trial.set_user_attr, "ranks_trial",
                                           msg.get("served", 1)))
+                    if msg.get("setup_phases"):   # phase -> seconds after the start it began
+                        writes.append(partial(trial.set_user_attr, "setup_phases",
+                                              msg["setup_phases"]))
+                    if msg.get("augment"):
+                        writes.append(partial(trial.set_user_attr, "augment", msg["augment"]))
                     if self.tracker and run_key:
                         self.tracker.log_start(run_key, msg)
                     if flush(0):
@@ -474,8 +498,9 @@ class TrialRunner:
             if limits["phase"] == "setup":
                 result.reason = "setup_timeout"
                 result.detail = (f"the trainer did not finish setting up within {setup_limit:.0f}"
-                                 " s of its launch (trainer.setup_limit_s); raise it where a "
-                                 f"first setup is slow. {result.detail}")
+                                 f" s of its launch (trainer.setup_limit_s); "
+                                 f"{setup_whereabouts(channel, launched_at)}; raise the limit "
+                                 f"where a first setup is slow. {result.detail}")
             else:
                 result.detail = (f"no report for {training_limit:.0f} s of training (2 x "
                                  f"max_trial_s + 60 s): stopped as hung. {result.detail}")

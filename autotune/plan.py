@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainers.augment import AUGMENTATIONS
+from trainers.augment import DEFAULTS as AUGMENT_DEFAULTS
 from trainers.schedule import DECAYS, lr_at
 
 from .errors import PlanError
@@ -41,6 +43,8 @@ PARAMETERS: dict[str, Any] = {
     "weight_decay": 5e-5,
     "lars_trust_coefficient": 0.001,  # LARS: layer LR = lr x coefficient x |w| / |update|
     "grad_clip_norm": 0.0,         # clip the global gradient norm to this; 0: no clipping
+    "augment": "",                 # none | flip | crop | crop_flip | imagenet; "": what
+                                   # trainer.data says, or its source's default
 }
 REQUIRED = tuple(k for k, v in PARAMETERS.items() if v is None)
 
@@ -86,7 +90,8 @@ def split_batch(global_batch: int, world_size: int, max_micro_batch: int) -> tup
 
 
 # Plan parameters that take one of a few names, with those names.
-CHOICES: dict[str, tuple[str, ...]] = {"decay": tuple(DECAYS), "optimizer": OPTIMIZERS}
+CHOICES: dict[str, tuple[str, ...]] = {"decay": tuple(DECAYS), "optimizer": OPTIMIZERS,
+                                       "augment": AUGMENTATIONS}
 
 
 def value_problems(name: str, values: Iterable[Any]) -> list[str]:
@@ -123,6 +128,9 @@ def _params(sampled: Mapping[str, Any]) -> dict[str, Any]:
     if params["optimizer"] not in OPTIMIZERS:
         raise PlanError(f"unknown optimizer {params['optimizer']!r}; "
                         f"allowed: {', '.join(OPTIMIZERS)}")
+    if params["augment"] not in ("", *AUGMENTATIONS):
+        raise PlanError(f"unknown augment {params['augment']!r}; allowed: "
+                        f"{', '.join(AUGMENTATIONS)}")
     if params["grad_clip_norm"] < 0:
         raise PlanError(f"grad_clip_norm {params['grad_clip_norm']} is negative; 0 turns "
                         "clipping off")
@@ -155,10 +163,13 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
                 "final_lr_factor": float(p["final_lr_factor"])}
     peak = scale_lr(float(p["lr_per_256"]), batch, str(p["lr_scaling"]))
     on_gpu = hardware.device == "cuda"
+    data = dict(trainer["data"])
+    augment = (p["augment"] or data.get("augment")
+               or AUGMENT_DEFAULTS.get(str(data.get("kind", "digits")), "none"))
     return {
         "params": dict(sampled),
         "model": trainer["model"], "num_classes": int(trainer.get("num_classes", 10)),
-        "data": dict(trainer["data"]), "device": hardware.device,
+        "data": data, "augment": augment, "device": hardware.device,
         "threads_per_rank": hardware.threads_per_rank,
         "world_size": hardware.world_size, "global_batch": batch, "micro_batch": micro,
         "grad_accum": accum, "train_size": train_size, "steps_per_epoch": steps_per_epoch,
@@ -196,4 +207,5 @@ def derived_params(plan: Mapping[str, Any]) -> dict[str, Any]:
             "total_steps": plan["total_steps"], "warmup_steps": sched["warmup_steps"],
             "peak_lr": plan["peak_lr"],
             "first_lr": lr_at(0, plan["peak_lr"], sched) if sched["total_steps"] else 0.0,
-            "model": plan["model"], "max_seconds": plan["max_seconds"]}
+            "model": plan["model"], "max_seconds": plan["max_seconds"],
+            "augment": plan.get("augment", "none")}

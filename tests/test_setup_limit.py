@@ -28,3 +28,44 @@ def test_a_setup_past_its_limit_fails_as_setup_timeout_and_says_why(tmp_path):
     left = [p for p in psutil.process_iter(["cmdline"])
             if any(str(tmp_path) in a for a in (p.info["cmdline"] or []))]
     assert not left, [p.info["cmdline"] for p in left]
+    assert "phase" in trial.user_attrs["detail"]     # where the setup was when it was stopped
+
+
+def test_setup_notes_say_where_the_setup_is_and_get_no_reply(tmp_path):
+    """A trainer's setup notes are kept by the channel, never yielded nor answered, and a
+    setup stopped at its limit is reported with the phase it was in."""
+    import sys
+    import time
+
+    from autotune.launch import ReportChannel, TrainerProcess
+    from autotune.objective import setup_whereabouts
+
+    channel = ReportChannel()
+    script = (
+        "import json, socket, sys, time\n"
+        "host, port = sys.argv[1].rsplit(':', 1)\n"
+        "s = socket.create_connection((host, int(port)))\n"
+        "for phase in ('distributed', 'data'):\n"
+        "    s.sendall((json.dumps({'type': 'setup', 'phase': phase, 'at_s': 0.1}) + '\\n')"
+        ".encode())\n"
+        "s.settimeout(1.5)\n"
+        "try:\n"
+        "    print('replied', s.recv(100), flush=True)\n"
+        "except TimeoutError:\n"
+        "    print('no reply', flush=True)\n"
+        "time.sleep(30)\n")
+    process = TrainerProcess([sys.executable, "-c", script, channel.address], {},
+                             tmp_path / "fake.log")
+    launched = time.monotonic()
+    try:
+        assert list(channel.messages(process, launched + 3.0)) == []   # notes are not yielded
+        assert channel.setup_note["phase"] == "data"
+        where = setup_whereabouts(channel, launched)
+        assert "opening the data source (phase 'data'" in where
+    finally:
+        process.kill(grace_s=1)
+        process.wait()
+        channel.close()
+    assert "no reply" in (tmp_path / "fake.log").read_text()
+    channel.setup_note = None
+    assert "never reported a setup phase" in setup_whereabouts(channel, launched)

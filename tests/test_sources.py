@@ -67,3 +67,45 @@ def test_a_resumed_epoch_skips_what_it_already_trained():
 def test_bad_data_specs_say_what_is_expected(spec, message):
     with pytest.raises(ValueError, match=message):
         train_size(spec)
+
+
+def _worker_pids(source, part: str) -> set[int]:
+    _, loader, _ = source._loaders[part]
+    return {w.pid for w in loader._iterator._workers}
+
+
+def test_imagefolder_loader_processes_outlive_epochs_and_evaluations(tmp_path):
+    root = make_tree(tmp_path / "tree", train=10, val=4)
+    source = open_source({"kind": "imagefolder", "path": str(root), "image_size": 16,
+                          "loader_workers": 1}, on_gpu=False)
+    try:
+        labels = []
+        for epoch in range(2):
+            labels.append([y for _, y in source.train_batches(epoch, 0, 0, 1, 30, 6,
+                                                              augment="crop_flip")])
+            evaluated = sum(len(y) for _, y in source.eval_batches(0, 1, 5, "crop_flip"))
+            assert evaluated == 12
+            if epoch == 0:
+                train_pids, val_pids = _worker_pids(source, "train"), _worker_pids(source, "val")
+        assert _worker_pids(source, "train") == train_pids          # the same processes
+        assert _worker_pids(source, "val") == val_pids
+        assert not torch.equal(torch.cat(labels[0]), torch.cat(labels[1]))  # a new order
+        # An epoch cut short (a stopped trial) leaves the next one whole.
+        partial = source.train_batches(2, 0, 0, 1, 30, 6, augment="crop_flip")
+        next(partial)
+        assert sum(len(y) for _, y in source.train_batches(3, 0, 0, 1, 30, 6,
+                                                          augment="crop_flip")) == 30
+        # Another augmentation is another transform: a new loader.
+        x, _ = next(source.train_batches(0, 0, 0, 1, 30, 6, augment="none"))
+        assert x.shape == (6, 3, 16, 16) and _worker_pids(source, "train") != train_pids
+    finally:
+        source.close()
+
+
+def test_digits_are_augmented_as_the_plan_says():
+    source = open_source({"kind": "digits", "image_size": 16}, on_gpu=False)
+    plain, _ = next(source.train_batches(0, 0, 0, 1, 64, 64))
+    torch.manual_seed(0)
+    flipped, _ = next(source.train_batches(0, 0, 0, 1, 64, 64, augment="flip"))
+    same = [torch.equal(a, b) for a, b in zip(plain, flipped, strict=True)]
+    assert any(same) and not all(same)

@@ -99,3 +99,16 @@ def test_trainer_processes_start_without_mlflow():
                            env=trainer_env("cpu", 1, shadow_mlflow=False),
                            capture_output=True, text=True, timeout=120)
     assert shown.stdout.strip() == "mlflow"
+
+
+def test_without_a_cadence_it_evaluates_within_an_epoch_to_fit_the_trial_cap(tmp_path):
+    """No eval_every_s or eval_every_steps: every epoch, and inside an epoch longer than the
+    cap allows, every max_seconds / 8 training seconds (here 0.5 s of a 4 s cap)."""
+    plan = make_plan(global_batch=16, epochs=1)
+    plan["max_seconds"] = 4.0
+    messages = drive(plan, tmp_path)
+    start, evals, end = messages[0], messages[1:-1], messages[-1]
+    assert list(start["setup_phases"]) == ["distributed", "data", "model", "engine"]
+    assert start["augment"] == "none"
+    assert evals and evals[0]["epoch"] < 1.0, [m["epoch"] for m in evals]
+    assert end["reason"] in ("max_seconds", "planned_epochs")

@@ -57,8 +57,9 @@ if __package__ in (None, ""):  # started as a script by the launcher
 import torch
 import torch.distributed as dist
 
+from trainers.augment import DEFAULTS as _AUGMENT_DEFAULTS
 from trainers.reporter import Reporter, connect
-from trainers.schedule import lr_factor
+from trainers.schedule import eval_interval, lr_factor
 from trainers.sources import Source, open_source
 
 # Stop codes, agreed across ranks with an all-reduce(MAX) after each optimizer step.
@@ -138,6 +139,8 @@ def _source(spec: dict[str, Any], on_gpu: bool) -> Source:
     scanned once, not at every trial of warm ranks)."""
     key = json.dumps([spec, on_gpu], sort_keys=True)
     if key not in _SOURCES:
+        for old in _SOURCES.values():
+            old.close()
         _SOURCES.clear()
         _SOURCES[key] = open_source(spec, on_gpu)
     return _SOURCES[key]
@@ -162,11 +165,25 @@ class Trainer:
                                       "elapsed": 0.0, "train_s": 0.0, "eval_s": 0.0,
                                       "control_s": 0.0, "best": {"top1": 0.0, "top5": 0.0},
                                       "last_eval_at": 0.0, "deadline": -1.0}
+        self.phases: dict[str, float] = {}   # setup phase -> seconds after the start it began
+        data = plan.get("data", {})
+        self.augment = str(plan.get("augment") or data.get("augment")
+                           or _AUGMENT_DEFAULTS.get(data.get("kind", "digits"), "none"))
+        self.last_eval_cost = 0.0
+
+    def _phase(self, name: str) -> None:
+        """Setup reached ``name``: rank 0 tells the worker (no reply), so a setup that runs
+        past its limit is reported with the phase it was in."""
+        self.phases[name] = time.perf_counter() - self.wall0
+        if getattr(self, "rank", int(os.environ.get("RANK", 0))) == 0:
+            self.reporter.note({"type": "setup", "phase": name,
+                                "at_s": self.phases[name]})
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self) -> None:
         plan = self.plan
         self.on_gpu = plan.get("device", "cpu") == "cuda"
+        self._phase("distributed")
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
@@ -183,12 +200,15 @@ class Trainer:
         else:
             self.device = torch.device("cpu")
             torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
+        self._phase("data")
         self.source: Source = _source(plan["data"], self.on_gpu)
+        self._phase("model")
         model = build_model(plan, self.source.num_classes).to(self.device)
         if self.on_gpu:
             model = model.to(memory_format=torch.channels_last)
         optimizer = build_optimizer(model, plan)
         schedule = plan["schedule"]
+        self._phase("engine")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: lr_factor(s, schedule))
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
@@ -201,6 +221,7 @@ class Trainer:
         self.forward = self.engine
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])
         if plan.get("resume_from"):
+            self._phase("resume")
             self._load(Path(plan["resume_from"]))
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -268,7 +289,8 @@ class Trainer:
         self.engine.eval()
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         with torch.no_grad(), self._autocast():
-            for x, y in self.source.eval_batches(self.rank, self.world, self.plan["eval_batch"]):
+            for x, y in self.source.eval_batches(self.rank, self.world, self.plan["eval_batch"],
+                                                 self.augment):
                 x, y = self._to_device(x, y)
                 logits = self.forward(x).float()
                 top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
@@ -312,7 +334,8 @@ class Trainer:
         micro, accum, spe = plan["micro_batch"], plan["grad_accum"], plan["steps_per_epoch"]
         every_steps = int(plan.get("eval_every_steps") or 0)
         every_s = float(plan.get("eval_every_s") or 0.0)
-        if not every_steps and not every_s:
+        auto = not every_steps and not every_s   # no cadence set: see eval_interval
+        if auto:
             every_steps = spe
         target_metric, target = plan["target"]["metric"], plan["target"]["value"]
         if self.rank == 0:
@@ -320,6 +343,7 @@ class Trainer:
                                         self.wall0, "world_size": self.world,
                                         "hosts": [os.uname().nodename],
                                         "pid": os.getpid(), "served": _SERVED[0],
+                                        "setup_phases": self.phases, "augment": self.augment,
                                         "resumed_at_s": st["elapsed"] if plan.get(
                                             "resume_from") else None})
             st["deadline"] = float(reply.get("deadline_s") or -1.0)
@@ -332,7 +356,8 @@ class Trainer:
         while st["epoch"] < plan["epochs"] and stop == _GO and reason != "reached":
             batches = self.source.train_batches(st["epoch"], plan["seed"], self.rank, self.world,
                                                 spe * micro * accum, micro,
-                                                skip=st["step_in_epoch"] * accum)
+                                                skip=st["step_in_epoch"] * accum,
+                                                augment=self.augment)
             if plan.get("shard_log"):  # an audit trail: which samples this rank trains on
                 with open(f"{plan['shard_log']}.rank{self.rank}", "a") as log:
                     log.write(json.dumps({"epoch": st["epoch"],
@@ -351,7 +376,9 @@ class Trainer:
                         code = _DEADLINE
                     elif self.reporter.asked("checkpoint"):
                         code = _CHECKPOINT
-                    due = int(every_s > 0 and now - st["last_eval_at"] >= every_s)
+                    gap = (eval_interval(plan["max_seconds"], self.last_eval_cost) if auto
+                           else every_s)
+                    due = int(gap > 0 and now - st["last_eval_at"] >= gap)
                 if self.terminate:
                     code = max(code, _CHECKPOINT)
                 code, due = _agree(code, due)
@@ -417,7 +444,8 @@ class Trainer:
         plan, st = self.plan, self.state
         t = time.perf_counter()
         metrics = self.evaluate()
-        st["eval_s"] += time.perf_counter() - t
+        self.last_eval_cost = time.perf_counter() - t
+        st["eval_s"] += self.last_eval_cost
         st["evals"] += 1
         for k in ("top1", "top5"):
             st["best"][k] = max(st["best"][k], metrics[k])

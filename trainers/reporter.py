@@ -3,6 +3,9 @@
 Rank 0 connects to the worker's TCP address (``--report-to HOST:PORT``) and exchanges JSON
 lines. Each message the trainer sends gets exactly one reply:
 
+* ``{"type": "setup", "phase": str, "at_s": float}`` as setup reaches each phase
+  (``distributed``, ``data``, ``model``, ``engine``, ``resume``): a note, with no reply, so
+  the worker knows the ranks are alive and where a slow setup is.
 * ``{"type": "start", ...}`` once, after setup; ``{"type": "eval", ...}`` after each
   evaluation. The reply is ``{"action": "continue" | "stop", "reason": str,
   "deadline_s": float | null}``: the worker may stop the trial, and it may move the deadline
@@ -37,6 +40,9 @@ class Reporter:
     def send(self, message: Message) -> Message:
         raise NotImplementedError
 
+    def note(self, message: Message) -> None:
+        """Sends ``message`` without waiting for a reply (setup phases)."""
+
     def asked(self, request: str) -> bool:
         """True once the worker has sent ``request`` (checked without blocking)."""
         return False
@@ -53,6 +59,9 @@ class PrintReporter(Reporter):
         if message.get("type") == "end":
             return {"action": "ack"}
         return {"action": "continue", "reason": "", "deadline_s": None}
+
+    def note(self, message: Message) -> None:
+        print(json.dumps(message), flush=True)
 
 
 class SocketReporter(Reporter):
@@ -87,6 +96,9 @@ class SocketReporter(Reporter):
             if "request" not in reply:
                 return reply
             self._requests.add(str(reply["request"]))  # unsolicited: kept for asked()
+
+    def note(self, message: Message) -> None:
+        self._sock.sendall(json.dumps(message).encode() + b"\n")
 
     def asked(self, request: str) -> bool:
         while (message := self._line(block=False)) is not None:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DECAYS", "lr_factor", "lr_at"]
+__all__ = ["DECAYS", "EVALS_PER_CAP", "EVAL_SHARE", "eval_interval", "lr_factor", "lr_at"]
 
 DECAYS = ("cosine", "linear", "poly", "step", "constant")
 
@@ -59,3 +59,19 @@ def lr_factor(step: int, schedule: Mapping[str, Any]) -> float:
 def lr_at(step: int, peak_lr: float, schedule: Mapping[str, Any]) -> float:
     """The learning rate of optimizer step ``step``."""
     return peak_lr * lr_factor(step, schedule)
+
+
+# Evaluation cadence when a study sets none: after every epoch, and between epochs often
+# enough that a trial's cap holds EVALS_PER_CAP evaluations, but never so often that evaluating
+# takes more than EVAL_SHARE of the training time between two of them.
+EVALS_PER_CAP = 8
+EVAL_SHARE = 0.25
+
+
+def eval_interval(max_seconds: float, eval_cost_s: float) -> float:
+    """Training seconds between evaluations inside an epoch, when the study sets no cadence:
+    ``max_seconds`` / EVALS_PER_CAP, or ``eval_cost_s`` / EVAL_SHARE when an evaluation costs
+    more than that allows; infinite (once an epoch) when trials have no cap."""
+    if not max_seconds > 0 or not math.isfinite(max_seconds):
+        return math.inf
+    return max(max_seconds / EVALS_PER_CAP, eval_cost_s / EVAL_SHARE)

@@ -6,10 +6,16 @@ tensors (for throughput only). Every source shards the same way:
   sample; a resumed run skips the batches it already trained on;
 * evaluation: rank r takes indices r, r + world, ... of the validation set, with no padding, so
   the sums over ranks count every validation image exactly once.
+
+Training batches are augmented as the plan's ``augment`` says (:mod:`trainers.augment`).
+An ImageFolder tree is read by loader processes that live as long as the source does
+(persistent workers): an evaluation or a new epoch hands them new indices instead of starting
+new processes.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,11 +24,11 @@ from typing import Any
 import torch
 
 from trainers import data as digits
+from trainers.augment import augment_batch, eval_transform, image_transform
 
-__all__ = ["Source", "num_classes", "open_source", "train_size"]
+__all__ = ["Source", "image_size_default", "num_classes", "open_source", "train_size"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-_MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".webp")
 
 
@@ -34,20 +40,27 @@ class Source:
     val_len: int
 
     def train_batches(self, epoch: int, seed: int, rank: int, world: int, per_rank: int,
-                      micro: int, skip: int = 0) -> Iterator[Batch]:
-        """This rank's micro-batches of ``epoch``, after skipping ``skip`` of them."""
+                      micro: int, skip: int = 0, augment: str = "none") -> Iterator[Batch]:
+        """This rank's micro-batches of ``epoch``, after skipping ``skip`` of them, augmented
+        as ``augment`` says."""
         order = digits.epoch_shard(self.train_len, epoch, seed, rank, world, per_rank)
         self.last_order = order[skip * micro:]  # what this rank is fed, for audits
-        return self._load_train(self.last_order, micro)
+        return self._load_train(self.last_order, micro, augment)
 
-    def eval_batches(self, rank: int, world: int, batch: int) -> Iterator[Batch]:
-        return self._load_val(digits.eval_shard(self.val_len, rank, world), batch)
+    def eval_batches(self, rank: int, world: int, batch: int,
+                     augment: str = "none") -> Iterator[Batch]:
+        """This rank's share of the validation set, prepared as training with ``augment``
+        expects (never augmented)."""
+        return self._load_val(digits.eval_shard(self.val_len, rank, world), batch, augment)
 
-    def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
+    def _load_train(self, indices: torch.Tensor, micro: int, augment: str) -> Iterator[Batch]:
         raise NotImplementedError
 
-    def _load_val(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+    def _load_val(self, indices: torch.Tensor, batch: int, augment: str) -> Iterator[Batch]:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases loader processes, if any."""
 
 
 class InMemory(Source):
@@ -57,11 +70,11 @@ class InMemory(Source):
         self.train, self.val, self.num_classes = train, val, num_classes
         self.train_len, self.val_len = len(train), len(val)
 
-    def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
+    def _load_train(self, indices: torch.Tensor, micro: int, augment: str) -> Iterator[Batch]:
         for idx in digits.batches(indices, micro):
-            yield self.train.images[idx], self.train.labels[idx]
+            yield augment_batch(self.train.images[idx], augment), self.train.labels[idx]
 
-    def _load_val(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+    def _load_val(self, indices: torch.Tensor, batch: int, augment: str) -> Iterator[Batch]:
         for idx in digits.batches(indices, batch):
             yield self.val.images[idx], self.val.labels[idx]
 
@@ -86,57 +99,83 @@ class Synthetic(Source):
             slot = (idx % self._pool.shape[0]).to(self._pool.device)
             yield self._pool[slot], self._labels[slot]
 
-    def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
-        return self._take(indices, micro)
+    def _load_train(self, indices: torch.Tensor, micro: int, augment: str) -> Iterator[Batch]:
+        return self._take(indices, micro)   # throughput only: never augmented
 
-    def _load_val(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+    def _load_val(self, indices: torch.Tensor, batch: int, augment: str) -> Iterator[Batch]:
         return self._take(indices, batch)
+
+
+class _Indices(torch.utils.data.Sampler[int]):
+    """The indices a persistent loader reads next: set before each pass over them."""
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
 
 class ImageFolderSource(Source):
     """``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``, as ImageNet is laid out.
 
-    Training: random-resized crop and horizontal flip at ``image_size``; evaluation: resize
-    to ``image_size / 0.875`` and center crop at ``eval_size`` (default ``image_size``). Images
-    are decoded by ``loader_workers`` processes per rank.
+    Training images at ``image_size``, augmented as the plan says; evaluation at ``eval_size``
+    (default ``image_size``), prepared to match (:func:`trainers.augment.eval_transform`).
+    Images are decoded by ``loader_workers`` processes per rank and loader, kept alive between
+    epochs, evaluations and trials (one training and one evaluation loader at a time).
     """
 
     def __init__(self, spec: dict[str, Any], on_gpu: bool) -> None:
-        from torchvision import datasets, transforms
+        from torchvision import datasets
 
         root = Path(spec["path"])
-        size = int(spec.get("image_size", 224))
-        eval_size = int(spec.get("eval_size", size))
-        normalize = transforms.Normalize(_MEAN, _STD)
-        train_tf = transforms.Compose([transforms.RandomResizedCrop(size),
-                                       transforms.RandomHorizontalFlip(), transforms.ToTensor(),
-                                       normalize])
-        val_tf = transforms.Compose([transforms.Resize(round(eval_size / 0.875)),
-                                     transforms.CenterCrop(eval_size), transforms.ToTensor(),
-                                     normalize])
-        self.train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
-        self.val = datasets.ImageFolder(str(root / "val"), transform=val_tf)
+        self.size = int(spec.get("image_size", 224))
+        self.eval_size = int(spec.get("eval_size", self.size))
+        self.train = datasets.ImageFolder(str(root / "train"))
+        self.val = datasets.ImageFolder(str(root / "val"))
         if self.train.classes != self.val.classes:
             raise ValueError(f"{root}: train/ and val/ must hold the same class folders")
         self.num_classes = len(self.train.classes)
         self.train_len, self.val_len = len(self.train), len(self.val)
         self.workers = int(spec.get("loader_workers", min(4, os.cpu_count() or 1)))
         self.pin = on_gpu
+        self._loaders: dict[str, tuple[Any, Any, _Indices]] = {}  # train, val: key, loader
 
-    def _loader(self, dataset: Any, indices: Sequence[int], batch: int) -> Iterator[Batch]:
-        from torch.utils.data import DataLoader, Subset
+    def _loader(self, part: str, dataset: Any, transform: Any, key: Any, indices: Sequence[int],
+                batch: int) -> Iterator[Batch]:
+        """Batches of ``indices`` from this part's loader, made anew only when ``key`` (the
+        transform and batch size) changed; its worker processes persist."""
+        from torch.utils.data import DataLoader
 
-        loader = DataLoader(Subset(dataset, list(map(int, indices))), batch_size=batch,
-                            shuffle=False, num_workers=self.workers, pin_memory=self.pin,
-                            drop_last=False, persistent_workers=False,
-                            prefetch_factor=4 if self.workers else None)
+        held = self._loaders.get(part)
+        if held is None or held[0] != key:
+            self._loaders.pop(part, None)   # the old loader's workers end with it
+            view = copy.copy(dataset)       # shares the file list; its own transform
+            view.transform = transform
+            sampler = _Indices()
+            loader = DataLoader(view, batch_size=batch, sampler=sampler,
+                                num_workers=self.workers, pin_memory=self.pin,
+                                drop_last=False, persistent_workers=self.workers > 0,
+                                prefetch_factor=4 if self.workers else None)
+            held = self._loaders[part] = (key, loader, sampler)
+        _, loader, sampler = held
+        sampler.indices = [int(i) for i in indices]
         yield from loader
 
-    def _load_train(self, indices: torch.Tensor, micro: int) -> Iterator[Batch]:
-        return self._loader(self.train, indices.tolist(), micro)
+    def _load_train(self, indices: torch.Tensor, micro: int, augment: str) -> Iterator[Batch]:
+        return self._loader("train", self.train, image_transform(augment, self.size),
+                            (augment, micro), indices.tolist(), micro)
 
-    def _load_val(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
-        return self._loader(self.val, indices.tolist(), batch)
+    def _load_val(self, indices: torch.Tensor, batch: int, augment: str) -> Iterator[Batch]:
+        prepare = "imagenet" if augment == "imagenet" else "none"  # the rest: alike
+        return self._loader("val", self.val, eval_transform(prepare, self.eval_size),
+                            (prepare, batch), indices.tolist(), batch)
+
+    def close(self) -> None:
+        self._loaders.clear()
 
 
 def _count_images(folder: Path) -> int:
@@ -185,6 +224,11 @@ def train_size(spec: dict[str, Any]) -> int:
         check_layout(root)
         return _count_images(root / "train")
     raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")
+
+
+def image_size_default(spec: dict[str, Any]) -> int:
+    """The training resolution of ``spec`` when it names none: the digits' 32 px, else 224."""
+    return 32 if spec.get("kind", "digits") == "digits" else 224
 
 
 def num_classes(spec: dict[str, Any]) -> int:
