@@ -10,6 +10,7 @@ from .errors import AutotuneError, ConfigError, LaunchError, PlanError, SpaceErr
 from .space import (
     Categorical,
     Constraint,
+    DataInfo,
     Derived,
     Fixed,
     Float,
@@ -21,6 +22,6 @@ from .space import (
 )
 
 __all__ = ["AutotuneError", "ConfigError", "LaunchError", "PlanError", "SpaceError",
-           "Categorical", "Constraint", "Derived", "Fixed", "Float", "InfeasiblePoint", "Int",
-           "Param", "PowerOfTwo", "SearchSpace", "__version__"]
+           "Categorical", "Constraint", "DataInfo", "Derived", "Fixed", "Float",
+           "InfeasiblePoint", "Int", "Param", "PowerOfTwo", "SearchSpace", "__version__"]
 __version__ = "0.1.0"

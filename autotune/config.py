@@ -18,10 +18,12 @@ from typing import Any
 
 import yaml
 
+from trainers.augment import AUGMENTATIONS
+
 from .errors import ConfigError
 
 __all__ = ["StudyConfig", "Target", "Budget", "TrainerConfig", "load", "shipped_studies",
-           "resolve_tracking_uri"]
+           "resolve_tracking_uri", "cadence_warning", "default_space"]
 
 _METRICS = ("top1", "top5")
 _DEVICES = ("cpu", "cuda")
@@ -70,7 +72,8 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class StudyConfig:
     study_name: str = "quickstart"
-    search_space: str = "quickstart"        # a shipped space or a path to a Python file
+    search_space: str = "quickstart"        # a shipped space or a path to a Python file;
+                                            # unset: quickstart for digits, else images
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     target: Target = field(default_factory=Target)
     budget: Budget = field(default_factory=Budget)
@@ -201,9 +204,10 @@ FLAGS = {"budget.n_trials": "--n-trials", "budget.timeout_s": "--timeout",
          "oversubscribe": "--oversubscribe"}
 
 # The keys of trainer.data each kind takes.
-DATA_KEYS = {"digits": ("kind", "image_size"),
+DATA_KEYS = {"digits": ("kind", "image_size", "augment"),
              "synthetic": ("kind", "image_size", "num_classes", "train_images", "val_images"),
-             "imagefolder": ("kind", "path", "image_size", "eval_size", "loader_workers")}
+             "imagefolder": ("kind", "path", "image_size", "eval_size", "loader_workers",
+                             "augment")}
 # (low, high) of each whole-number key of trainer.data.
 _DATA_RANGES = {"image_size": (8, 4096), "eval_size": (8, 4096), "num_classes": (2, 100_000),
                 "train_images": (1, 10**9), "val_images": (1, 10**9), "loader_workers": (0, 64)}
@@ -226,6 +230,9 @@ def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             found.append((f"trainer.data.{key}", f"must be a whole number from {low} to "
                           f"{high}, got {value!r}"))
+    if "augment" in data and data["augment"] not in AUGMENTATIONS:
+        found.append(("trainer.data.augment", f"{data['augment']!r} is not allowed; use one of "
+                      f"{', '.join(AUGMENTATIONS)} (a search space may also search augment)"))
     if kind == "imagefolder" and not (isinstance(data.get("path"), str) and data["path"]):
         found.append(("trainer.data.path", "must name the ImageFolder root (with train/ and "
                       "val/) when kind is imagefolder"))
@@ -352,10 +359,33 @@ def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
             data[section] = {**(data.get(section) or {}), sub: value}
         else:
             data[key] = value
+    if "search_space" not in data:
+        data["search_space"] = default_space(data.get("trainer"))
     cfg = _build(StudyConfig, data, where)
     cfg = dataclasses.replace(cfg, source=where, base_dir=str(base))
     _validate(cfg, flagged)
     return cfg
+
+
+def cadence_warning(cfg: StudyConfig) -> str | None:
+    """One line when the evaluation cadence the study sets cannot fit its trials' cap: a trial
+    must evaluate to reach its target, and twice for the pruner to judge it."""
+    every, cap = cfg.trainer.eval_every_s, cfg.budget.max_trial_s
+    if every <= 0 or every * 2 <= cap:
+        return None
+    how = ("no trial evaluates before its cap, so none can reach" if every >= cap else
+           "a trial evaluates once at most before its cap, too rarely to be judged")
+    return (f"warning: trainer.eval_every_s {every:g} s against budget.max_trial_s {cap:g} s: "
+            f"{how}; lower eval_every_s, or leave it and eval_every_steps unset for a cadence "
+            "that fits (every epoch, and within epochs every max_trial_s / 8 s)")
+
+
+def default_space(trainer: Any) -> str:
+    """The search space of a study file that names none: the quickstart's for the digits,
+    ``images`` (sized from the data and ranks) for any other data."""
+    source = trainer.get("data") if isinstance(trainer, dict) else None
+    kind = source.get("kind", "digits") if isinstance(source, dict) else "digits"
+    return "quickstart" if kind == "digits" else "images"
 
 
 _PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^@/\s]+)@")

@@ -72,8 +72,18 @@ def _tta_vs_batch(trials: Sequence[FrozenTrial], path: Path) -> Path:
     ax.set_ylabel("seconds")
     ax.set_title("time to accuracy against batch size")
     ax.grid(alpha=0.3)
-    ax.legend()
+    _legend(ax)
     return _save(fig, path)
+
+
+def _legend(ax: Any) -> None:
+    """A legend of what the picture shows, or a word that it shows nothing yet (only failed
+    trials, which have no time to plot)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no trial with a time to show yet", ha="center",
+                transform=ax.transAxes, color="gray")
 
 
 def _history(trials: Sequence[FrozenTrial], path: Path) -> Path:
@@ -97,7 +107,7 @@ def _history(trials: Sequence[FrozenTrial], path: Path) -> Path:
     ax.set_ylabel("seconds")
     ax.set_title("optimization history")
     ax.grid(alpha=0.3)
-    ax.legend()
+    _legend(ax)
     return _save(fig, path)
 
 

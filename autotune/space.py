@@ -33,11 +33,23 @@ from ._expr import Expr
 from .errors import SpaceError
 
 __all__ = ["Param", "Float", "Int", "PowerOfTwo", "Categorical", "Fixed", "Derived",
-           "Constraint", "SearchSpace", "InfeasiblePoint", "load_space", "shipped_spaces",
-           "check_space"]
+           "Constraint", "SearchSpace", "InfeasiblePoint", "DataInfo", "load_space",
+           "shipped_spaces", "check_space"]
 
 _SCALARS = (bool, int, float, str, type(None))
 _FEASIBILITY_SAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a study's data are, for a space that sizes itself to them: ``space(world_size,
+    data)``. Counted from the data before anything is written (an ImageFolder's files are
+    counted, no image is decoded)."""
+
+    train_images: int
+    num_classes: int
+    image_size: int
+    kind: str = "imagefolder"
 
 
 class InfeasiblePoint(SpaceError):
@@ -583,6 +595,18 @@ def _load_function(file: str | None, name: str) -> DefineByRun:
     return func  # type: ignore[no-any-return]
 
 
+def _takes_data(function: Callable[..., Any]) -> bool:
+    """Whether a space function takes the data as well as the world size."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
 def _import_file(path: Path) -> Any:
     spec = importlib.util.spec_from_file_location(f"autotune_space_{path.stem}", path)
     if spec is None or spec.loader is None:
@@ -647,10 +671,13 @@ def shipped_spaces() -> list[str]:
     return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
 
 
-def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1) -> SearchSpace:
+def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1,
+               data: DataInfo | None = None) -> SearchSpace:
     """The space ``ref`` names: a shipped space or a Python file defining ``space``.
 
-    ``space`` is a :class:`SearchSpace`, or a function of the world size that returns one.
+    ``space`` is a :class:`SearchSpace`, or a function that returns one, of the world size, or
+    of the world size and the study's data (a :class:`DataInfo`; None where no study is at
+    hand, as in ``autotune space show``, when the space picks its own stand-in).
     """
     import search_spaces
 
@@ -666,7 +693,7 @@ def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1) -> SearchS
     space = getattr(module, "space", None)
     if callable(space) and not isinstance(space, SearchSpace):
         try:
-            space = space(world_size)
+            space = space(world_size, data) if _takes_data(space) else space(world_size)
         except SpaceError as e:
             raise SpaceError(f"{path}: {e}",
                              problems=[f"{path}: {p}" for p in e.problems]) from e

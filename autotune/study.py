@@ -19,6 +19,7 @@ from ._channel import Address, is_server_url, open_channel, parse_address, refus
 from ._preflight import check_ranks, check_writable
 from .config import (
     StudyConfig,
+    cadence_warning,
     config_changes,
     database_url,
     redact,
@@ -30,7 +31,7 @@ from .decisions import elapsed_of
 from .errors import ConfigError, PlanError, SpaceError
 from .objective import TrialResult, TrialRunner, make_pruner, make_sampler
 from .plan import Hardware, resolve
-from .space import SearchSpace, check_space, load_space
+from .space import DataInfo, SearchSpace, check_space, load_space
 from .tracking import Tracker, ui_command
 
 __all__ = ["run_study", "open_storage", "format_result"]
@@ -194,7 +195,10 @@ def format_result(r: TrialResult, metric: str) -> str:
     if r.outcome == "reached":
         tail = f"reached   TTA {r.value:.2f} s ({metric} {r.best_metric:.3f})"
     elif r.outcome == "censored":
-        best = f"best {metric} {r.best_metric:.3f}" if r.evals else "no evaluation yet"
+        best = f"best {metric} {r.best_metric:.3f}" if r.evals else (
+            "no evaluation yet" if r.reason != "max_seconds" else
+            "no evaluation within budget.max_trial_s: evaluate more often (trainer."
+            "eval_every_s or eval_every_steps) or raise the cap")
         tail = f"censored  ({r.reason}) after {r.value:.2f} s, {best}"
     else:
         tail = f"failed    ({r.reason}) {r.detail}"[:200]
@@ -244,22 +248,26 @@ def _absolute_paths(cfg: StudyConfig) -> StudyConfig:
 def _prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     """Everything that can be checked before a store is touched; the config with its data's
     number of classes."""
-    from trainers.sources import num_classes, train_size
+    from trainers.sources import image_size_default, num_classes, train_size
 
     check_writable(cfg.tracking_uri, "tracking_uri")
     check_writable(cfg.run_dir, "run_dir")
     if cfg.workers >= 1:
         check_ranks(cfg.device, cfg.ranks_per_trial, cfg.workers, cfg.oversubscribe,
                     "oversubscribe: true (or --oversubscribe)")
-    space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial)
-    problems = check_space(space)
-    if problems:
-        raise SpaceError(f"{space.source_file}: {problems[0]}", problems=problems)
     try:
         size = train_size(cfg.trainer.data)
         classes = num_classes(cfg.trainer.data)
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: trainer.data: {e}") from e
+    data = DataInfo(train_images=size, num_classes=classes,
+                    image_size=int(cfg.trainer.data.get("image_size", image_size_default(
+                        cfg.trainer.data))), kind=str(cfg.trainer.data.get("kind", "digits")))
+    space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial,
+                       data=data)
+    problems = check_space(space)
+    if problems:
+        raise SpaceError(f"{space.source_file}: {problems[0]}", problems=problems)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, num_classes=classes))
     _check_warm_starts(space, cfg, size)
     return cfg, space, size
@@ -415,6 +423,9 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
     target = f"{cfg.target.metric} >= {cfg.target.value}"
     echo(f"study {cfg.study_name!r}: search space {space.name}, target {target}, "
          f"{cfg.workers} worker(s) x {cfg.ranks_per_trial} rank(s); trial files in {folder}")
+    warning = cadence_warning(cfg)
+    if warning:
+        echo(warning)
     threads = [threading.Thread(target=work, daemon=True) for _ in range(cfg.workers - 1)]
     for t in threads:
         t.start()

@@ -149,6 +149,12 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "space with an unknown optimizer": ("search_space: adamw.py\n", "adamw"),
     "space with a runaway expression": ("search_space: runaway.py\n", "an exponent is at most"),
     "space with a text blow-up": ("search_space: textbomb.py\n", "arithmetic takes numbers"),
+    "unknown augmentation": ("trainer: {data: {kind: digits, augment: mixup}}\n",
+                             "'mixup' is not allowed; use one of none, flip, crop"),
+    "augmentation of synthetic data": ("trainer: {data: {kind: synthetic, augment: flip}}\n",
+                                       "unknown key(s) augment"),
+    "space with an unknown augmentation": ("search_space: cutout.py\n",
+                                           "augment: 'cutout' is not allowed"),
 }
 
 SPACES = {
@@ -157,6 +163,7 @@ SPACES = {
     "unknown.py": _space('Float("dropout", 0.0, 0.5)'),
     "zigzag.py": _space('Categorical("decay", ["cosine", "zigzag"])'),
     "adamw.py": _space('Fixed("optimizer", "adamw")'),
+    "cutout.py": _space('Categorical("augment", ["none", "cutout"])'),
     "runaway.py": _space('Derived("warmup_epochs", "9**9**9")'),
     "textbomb.py": _space("""Derived("warmup_epochs", "'a' * 10**13")"""),
 }

@@ -193,3 +193,27 @@ def test_status_on_a_database_without_studies_creates_no_tables(postgres, workdi
         assert sqlalchemy.inspect(engine).get_table_names() == []
     finally:
         engine.dispose()
+
+
+def test_a_study_file_without_a_space_takes_the_one_for_its_data(workdir):
+    (workdir / "digits.yaml").write_text("budget: {n_trials: 1}\n")
+    (workdir / "mine.yaml").write_text(
+        "trainer: {data: {kind: imagefolder, path: imgs}}\nbudget: {n_trials: 1}\n")
+    (workdir / "named.yaml").write_text(
+        "search_space: quickstart\ntrainer: {data: {kind: imagefolder, path: imgs}}\n")
+    assert config.load(str(workdir / "digits.yaml")).search_space == "quickstart"
+    assert config.load(str(workdir / "mine.yaml")).search_space == "images"
+    assert config.load(str(workdir / "named.yaml")).search_space == "quickstart"
+
+
+def test_a_cadence_that_cannot_fit_the_trial_cap_is_warned_of(workdir):
+    def cfg(every: float, cap: float):
+        (workdir / "c.yaml").write_text(
+            f"trainer: {{eval_every_s: {every}}}\nbudget: {{n_trials: 1, max_trial_s: {cap}}}\n")
+        return config.load(str(workdir / "c.yaml"))
+
+    assert config.cadence_warning(cfg(0, 60)) is None          # the default cadence always fits
+    assert config.cadence_warning(cfg(10, 60)) is None
+    assert "once at most" in config.cadence_warning(cfg(40, 60))
+    line = config.cadence_warning(cfg(90, 60))
+    assert "no trial evaluates before its cap" in line and "\n" not in line

@@ -11,6 +11,7 @@ import pytest
 from autotune import (
     Categorical,
     Constraint,
+    DataInfo,
     Derived,
     Fixed,
     Float,
@@ -20,7 +21,7 @@ from autotune import (
     SearchSpace,
     SpaceError,
 )
-from autotune.space import load_space, shipped_spaces
+from autotune.space import check_space, load_space, shipped_spaces
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +122,7 @@ def test_all_problems_are_collected_at_build():
     assert "and 2 more problem(s)" in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["quickstart", "resnet50_imagenet_dawnbench",
+@pytest.mark.parametrize("name", ["images", "quickstart", "resnet50_imagenet_dawnbench",
                                   "resnet50_imagenet_mlperf"])
 @pytest.mark.parametrize("world_size", [1, 2, 8, 24, 128])
 def test_shipped_spaces_build_for_any_world_size(name, world_size):
@@ -146,8 +147,38 @@ def test_imagenet_warm_starts_are_the_published_recipes_moved_to_the_world_size(
 
 
 def test_shipped_space_names():
-    assert set(shipped_spaces()) == {"quickstart", "resnet50_imagenet_dawnbench",
+    assert set(shipped_spaces()) == {"images", "quickstart", "resnet50_imagenet_dawnbench",
                                      "resnet50_imagenet_mlperf"}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8, 24])
+@pytest.mark.parametrize("images", [300, 1437, 10_000, 1_281_167])
+def test_the_images_space_sizes_its_batches_from_the_data_and_the_ranks(world_size, images):
+    data = DataInfo(train_images=images, num_classes=10, image_size=32)
+    space = load_space("images", world_size=world_size, data=data)
+    batches = space.params[0].values()
+    assert all(b % world_size == 0 for b in batches)
+    assert min(batches) >= min(16, world_size) or min(batches) == world_size
+    # an epoch keeps at least 32 steps at the largest batch, unless the ranks forbid it
+    assert max(batches) <= max(images // 32, world_size, 16)
+    assert max(batches) <= 1024 or max(batches) == world_size
+    assert [w["augment"] for w in space.warm_starts] == ["none", "crop_flip"]
+    assert space.warm_starts[0]["global_batch"] in batches
+    assert not check_space(space)
+
+
+def test_a_space_function_may_take_the_data(tmp_path):
+    (tmp_path / "sized.py").write_text(
+        "from autotune import Int, PowerOfTwo, Float, SearchSpace\n"
+        "def space(world_size, data):\n"
+        "    top = 16 if data is None else data.train_images // 10\n"
+        "    return SearchSpace(PowerOfTwo('global_batch', 2, top), Float('lr_per_256', 0.1, 1),"
+        " Int('epochs', 1, 2), world_size=world_size)\n")
+    unknown = load_space(str(tmp_path / "sized.py"), world_size=2)
+    assert unknown.params[0].values()[-1] == 16
+    sized = load_space(str(tmp_path / "sized.py"), world_size=2,
+                       data=DataInfo(train_images=640, num_classes=3, image_size=8))
+    assert sized.params[0].values()[-1] == 64
 
 
 def test_a_file_without_space_says_what_to_define(tmp_path):

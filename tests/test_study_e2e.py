@@ -141,3 +141,8 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     assert first.user_attrs["outcome"] in ("reached", "censored")
     assert len(first.user_attrs["curve"]) >= 2
     assert first.user_attrs["best_metric"] > 0.35         # 4 classes: chance is 0.25
+    # No search_space: the `images` space, sized from the data, whose warm starts train
+    # without augmentation and with crop-and-flip; each trial says how its setup went.
+    assert "search space images" in result.stdout
+    assert [t.user_attrs["augment"] for t in study.trials] == ["none", "crop_flip"]
+    assert {"distributed", "data", "model", "engine"} <= set(first.user_attrs["setup_phases"])
