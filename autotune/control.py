@@ -33,6 +33,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from . import record
 from ._channel import is_server_url, parse_address
 from .db import Registry, utcnow
 
@@ -163,19 +164,18 @@ def _requeue(storage: Any, lost: dict[str, Any]) -> bool:
     checkpoint = lost.get("checkpoint_path")
     detail = (f"worker {lost['worker']} stopped sending heartbeats; the trial resumes from "
               f"{'its checkpoint ' + checkpoint if checkpoint else 'the start'}")
-    attrs: dict[str, Any] = {"outcome": "failed", "stop_reason": "worker_lost", "detail": detail}
+    attrs: dict[str, Any] = {record.OUTCOME: "failed", record.STOP_REASON: "worker_lost",
+                             record.DETAIL: detail}
     if checkpoint:   # the registry's record is the latest; the worker's own write may be lost
-        attrs.update(checkpoint=checkpoint, checkpoint_elapsed_s=lost.get("elapsed_s"))
+        attrs.update({record.CHECKPOINT: checkpoint,
+                      record.CHECKPOINT_ELAPSED: lost.get("elapsed_s")})
     for key, value in attrs.items():
         storage.set_trial_user_attr(trial_id, key, value)
     storage.set_trial_state_values(trial_id, TrialState.FAIL)
-    queued = {"resume_of": trial.number,
-              "lineage": [*trial.user_attrs.get("lineage", []), trial.number],
-              "interrupted_at": float(lost["last_heartbeat"]),
-              "lost_worker": lost["worker"], "lost_run_key": f"trial-{trial.number}"}
-    if checkpoint:
-        queued["resume_from"] = checkpoint
-        queued["resume_elapsed_s"] = lost.get("elapsed_s")
+    queued = {**record.resumption(trial.user_attrs.get(record.LINEAGE, []), trial.number,
+                                  checkpoint, lost.get("elapsed_s"),
+                                  float(lost["last_heartbeat"])),
+              record.LOST_WORKER: lost["worker"], record.LOST_RUN_KEY: f"trial-{trial.number}"}
     study = optuna.load_study(study_name=lost["study"], storage=storage)
     study.enqueue_trial(dict(trial.params), user_attrs=queued, skip_if_exists=False)
     return True

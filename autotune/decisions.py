@@ -36,7 +36,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from .pruners import CURVE_KEY, ELAPSED_KEY, OUTCOME_KEY, TimeToAccuracyPruner
+from . import record
+from .pruners import TimeToAccuracyPruner
 
 __all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "classify", "curve_row",
            "elapsed_of", "eval_reply", "eval_writes", "optuna_state", "start_reply",
@@ -87,8 +88,8 @@ def eval_writes(trial: optuna.Trial, msg: dict[str, Any], metric: str,
     value = float(msg[metric])
     # Optuna's pruners read intermediate values as "lower is better".
     return [partial(trial.report, 1.0 - value, int(msg["index"])),
-            partial(trial.set_user_attr, ELAPSED_KEY, msg["elapsed_s"]),
-            partial(trial.set_user_attr, CURVE_KEY, list(curve))]
+            partial(trial.set_user_attr, record.ELAPSED, msg["elapsed_s"]),
+            partial(trial.set_user_attr, record.CURVE, list(curve))]
 
 
 def study_deadline(pruner: optuna.pruners.BasePruner, study: optuna.Study) -> float | None:
@@ -119,7 +120,7 @@ def eval_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study, trial: op
     if stop_at is not None and now is not None and now > stop_at:
         return _reply("stop", "study_timeout", deadline)
     if isinstance(pruner, TimeToAccuracyPruner):
-        reason = pruner.decide(study, study._storage.get_trial(trial._trial_id))
+        reason = pruner.decide(study, record.stored_trial(study, trial))
     else:
         reason = "median" if trial.should_prune() else None
     return _reply("stop", reason, deadline) if reason else _reply("continue", "", deadline)
@@ -161,7 +162,7 @@ def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best
 def elapsed_of(trial: Any) -> float | None:
     """A finished trial's elapsed seconds (its TTA once it reached): what ``tell_result``
     recorded (a non-reaching trial's Optuna value is +inf); older studies' value."""
-    elapsed = trial.user_attrs.get(ELAPSED_KEY)
+    elapsed = trial.user_attrs.get(record.ELAPSED)
     if elapsed is not None:
         return float(elapsed)
     value = getattr(trial, "value", None)
@@ -189,11 +190,11 @@ def tell_optuna_style(study: optuna.Study, trial: optuna.Trial, result: TrialRes
                       penalty: float) -> None:
     """Optuna's usual conventions, for comparisons: pruned trials PRUNED, a missed target the
     penalty value, failures FAIL."""
-    trial.set_user_attr(OUTCOME_KEY, result.outcome)
-    trial.set_user_attr("stop_reason", result.reason)
-    trial.set_user_attr("best_metric", result.best_metric)
+    trial.set_user_attr(record.OUTCOME, result.outcome)
+    trial.set_user_attr(record.STOP_REASON, result.reason)
+    trial.set_user_attr(record.BEST_METRIC, result.best_metric)
     if result.outcome == "reached":
-        trial.set_user_attr("tta_s", result.value)
+        trial.set_user_attr(record.TTA, result.value)
         study.tell(trial, result.value)
     elif result.outcome == "failed":
         study.tell(trial, state=TrialState.FAIL)
@@ -206,19 +207,19 @@ def tell_optuna_style(study: optuna.Study, trial: optuna.Trial, result: TrialRes
 def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
                 target: float) -> None:
     """Records ``result`` on ``trial`` and tells Optuna, as the module docstring describes."""
-    trial.set_user_attr(OUTCOME_KEY, result.outcome)
-    trial.set_user_attr("stop_reason", result.reason)
-    trial.set_user_attr("best_metric", result.best_metric)
+    trial.set_user_attr(record.OUTCOME, result.outcome)
+    trial.set_user_attr(record.STOP_REASON, result.reason)
+    trial.set_user_attr(record.BEST_METRIC, result.best_metric)
     for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps"):
         if key in result.summary:
             trial.set_user_attr(key, result.summary[key])
     if result.detail:
-        trial.set_user_attr("detail", result.detail[:1000])
+        trial.set_user_attr(record.DETAIL, result.detail[:1000])
     if result.outcome == "failed" and result.reason not in CONFIG_FAILURES:
         study.tell(trial, state=TrialState.FAIL)
         return
     if result.value is not None:
-        trial.set_user_attr(ELAPSED_KEY, result.value)
+        trial.set_user_attr(record.ELAPSED, result.value)
     if result.outcome == "failed":  # the configuration's fault: teach the sampler
         trial.set_constraint(CONSTRAINT, 1.0 + target)
         study.tell(trial, math.inf)
@@ -227,7 +228,7 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
     trial.set_constraint(CONSTRAINT, violation if result.outcome == "reached"
                          else max(violation, 1e-9))
     if result.outcome == "reached":
-        trial.set_user_attr("tta_s", result.value)
+        trial.set_user_attr(record.TTA, result.value)
         study.tell(trial, result.value)
     else:
         study.tell(trial, math.inf)

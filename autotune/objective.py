@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from . import record
 from ._ops import ensure_cpu_ops
 from ._retry import StoreUnavailable
 from .config import StudyConfig
@@ -53,7 +54,7 @@ from .launch import (
     trainer_path,
 )
 from .plan import Hardware, derived_params, resolve
-from .pruners import CURVE_KEY, OUTCOME_KEY, TimeToAccuracyPruner
+from .pruners import TimeToAccuracyPruner
 from .samplers import ExploringTPESampler
 from .space import InfeasiblePoint, SearchSpace
 from .tracking import Tracker
@@ -177,13 +178,13 @@ class TrialRunner:
             try:
                 params = self.space.sample(trial)
             except InfeasiblePoint as e:
-                trial.set_user_attr(OUTCOME_KEY, "infeasible")
-                trial.set_user_attr("detail", str(e))
+                trial.set_user_attr(record.OUTCOME, "infeasible")
+                trial.set_user_attr(record.DETAIL, str(e))
                 study.tell(trial, state=TrialState.FAIL)
                 continue
-            trial.set_user_attr("params", params)
-            if trial.user_attrs.get(CURVE_KEY):  # a retry of a lost trial starts afresh
-                trial.set_user_attr(CURVE_KEY, [])
+            trial.set_user_attr(record.PARAMS, params)
+            if trial.user_attrs.get(record.CURVE):  # a retry of a lost trial starts afresh
+                trial.set_user_attr(record.CURVE, [])
             return trial, params
         raise SpaceError(f"{MAX_INFEASIBLE} sampled points in a row violate the search space's "
                          "constraints; loosen them or narrow the ranges they depend on")
@@ -223,17 +224,18 @@ class TrialRunner:
     def run(self, study: optuna.Study) -> TrialResult:
         trial, params = self._ask(study)
         attrs = trial.user_attrs
-        lineage = list(attrs.get("lineage", []))
+        lineage = list(attrs.get(record.LINEAGE, []))
         attempt = len(lineage) + 1
         downtime = None
-        if lineage and attrs.get("interrupted_at") is not None:
-            downtime = max(time.time() - float(attrs["interrupted_at"]), 0.0)
-            trial.set_user_attr("downtime_s", downtime)
+        if lineage and attrs.get(record.INTERRUPTED_AT) is not None:
+            downtime = max(time.time() - float(attrs[record.INTERRUPTED_AT]), 0.0)
+            trial.set_user_attr(record.DOWNTIME, downtime)
         self._record(trial, attempt, status="running", downtime_s=downtime,
                      resume_of=lineage[-1] if lineage else None,
                      mlflow_run_id=f"trial-{trial.number}" if self.tracker else None)
-        if self.tracker and attrs.get("lost_run_key"):
-            self.tracker.lost_trial(str(attrs["lost_run_key"]), str(attrs.get("lost_worker")),
+        if self.tracker and attrs.get(record.LOST_RUN_KEY):
+            self.tracker.lost_trial(str(attrs[record.LOST_RUN_KEY]),
+                                    str(attrs.get(record.LOST_WORKER)),
                                     self.run_dir)
         try:
             result = self._run(study, trial, params)
@@ -261,7 +263,7 @@ class TrialRunner:
             self._tell(study, trial, result)
             return True
         except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError) as e:
-            state = study._storage.get_trial(trial._trial_id).state
+            state = record.stored_trial(study, trial).state
             if state == TrialState.RUNNING:
                 raise
             log.warning("trial %d had already ended (%s) when its result came: %s",
@@ -273,12 +275,9 @@ class TrialRunner:
                           params: dict[str, Any], result: TrialResult) -> None:
         """The same configuration, queued to continue from its checkpoint on any worker."""
         attrs = trial.user_attrs if hasattr(trial, "user_attrs") else {}
-        study.enqueue_trial(dict(trial.params), user_attrs={
-            "resume_from": result.summary["checkpoint"],
-            "resume_of": trial.number,
-            "lineage": [*attrs.get("lineage", []), trial.number],
-            "resume_elapsed_s": result.summary.get("checkpoint_elapsed_s"),
-            "interrupted_at": time.time()})
+        study.enqueue_trial(dict(trial.params), user_attrs=record.resumption(
+            attrs.get(record.LINEAGE, []), trial.number, result.summary["checkpoint"],
+            result.summary.get("checkpoint_elapsed_s"), time.time()))
 
     def _plan(self, trial: optuna.Trial, params: dict[str, Any]) -> dict[str, Any]:
         trainer = {**self.cfg.trainer.__dict__}
@@ -297,7 +296,7 @@ class TrialRunner:
         folder = self.run_dir / f"trial-{trial.number}"
         folder.mkdir(parents=True, exist_ok=True)
         plan["checkpoint_dir"] = str((folder / "checkpoint").resolve())
-        resume = trial.user_attrs.get("resume_from")
+        resume = trial.user_attrs.get(record.RESUME_FROM)
         if resume:  # a resumption: same parameters, its clock continues from the checkpoint
             plan["resume_from"] = resume
         plan_path = folder / "plan.json"
@@ -307,11 +306,11 @@ class TrialRunner:
             trial.set_user_attr(f"plan.{key}", value)
         run_key = None
         if self.tracker:
-            lineage = list(trial.user_attrs.get("lineage", []))
+            lineage = list(trial.user_attrs.get(record.LINEAGE, []))
             run_key = self.tracker.start_trial(
                 trial.number, params, derived, plan, attempt=len(lineage) + 1,
                 tags={"autotune.resume_of": str(lineage[-1])} if lineage else None)
-            trial.set_user_attr("mlflow_run_key", run_key)
+            trial.set_user_attr(record.RUN_KEY, run_key)
         result = self._follow(study, trial, plan, plan_path, folder, run_key)
         result.params = params
         if self.tracker and run_key:
@@ -390,9 +389,9 @@ class TrialRunner:
         limits = {"until": time.monotonic() + setup_limit, "phase": "setup"}
         training_limit = plan["max_seconds"] * 2 + 60
         asked: list[bool] = []
-        attempt = len(trial.user_attrs.get("lineage", [])) + 1
+        attempt = len(trial.user_attrs.get(record.LINEAGE, [])) + 1
         every = float(self.cfg.trainer.checkpoint_every_s)
-        saved_at = float(trial.user_attrs.get("resume_elapsed_s") or 0.0)
+        saved_at = float(trial.user_attrs.get(record.RESUME_ELAPSED) or 0.0)
         deadline: float | None = None
         # Writes to the study store wait here while it is out of reach (a restarting study
         # server or database); the trainer goes on meanwhile and they are delivered in order.
@@ -432,18 +431,22 @@ class TrialRunner:
                 kind = msg.get("type")
                 if kind == "start":
                     limits.update(until=time.monotonic() + training_limit, phase="training")
-                    writes.append(partial(trial.set_user_attr, "setup_s", msg.get("setup_s")))
-                    writes.append(partial(trial.set_user_attr, "hosts", msg.get("hosts", [])))
+                    writes.append(partial(trial.set_user_attr, record.SETUP_S,
+                                          msg.get("setup_s")))
+                    writes.append(partial(trial.set_user_attr, record.HOSTS,
+                                          msg.get("hosts", [])))
                     # which trainer process ran it, and its how-manieth trial (1: launched
                     # for it; more: warm ranks)
-                    writes.append(partial(trial.set_user_attr, "trainer_pid", msg.get("pid")))
-                    writes.append(partial(trial.set_user_attr, "ranks_trial",
+                    writes.append(partial(trial.set_user_attr, record.TRAINER_PID,
+                                          msg.get("pid")))
+                    writes.append(partial(trial.set_user_attr, record.RANKS_TRIAL,
                                           msg.get("served", 1)))
                     if msg.get("setup_phases"):   # phase -> seconds after the start it began
-                        writes.append(partial(trial.set_user_attr, "setup_phases",
+                        writes.append(partial(trial.set_user_attr, record.SETUP_PHASES,
                                               msg["setup_phases"]))
                     if msg.get("augment"):
-                        writes.append(partial(trial.set_user_attr, "augment", msg["augment"]))
+                        writes.append(partial(trial.set_user_attr, record.AUGMENT,
+                                              msg["augment"]))
                     if self.tracker and run_key:
                         self.tracker.log_start(run_key, msg)
                     if flush(0):
@@ -474,8 +477,9 @@ class TrialRunner:
                     channel.reply(self._within_timeout(reply, float(msg["elapsed_s"])))
                 elif kind == "checkpoint":
                     saved_at = float(msg["elapsed_s"])
-                    writes.append(partial(trial.set_user_attr, "checkpoint", msg["path"]))
-                    writes.append(partial(trial.set_user_attr, "checkpoint_elapsed_s", saved_at))
+                    writes.append(partial(trial.set_user_attr, record.CHECKPOINT, msg["path"]))
+                    writes.append(partial(trial.set_user_attr, record.CHECKPOINT_ELAPSED,
+                                          saved_at))
                     self._record(trial, attempt, checkpoint_path=str(msg["path"]),
                                  elapsed_s=saved_at)
                     flush(0)

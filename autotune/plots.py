@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import optuna  # noqa: E402
 from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 
+from . import record  # noqa: E402
 from .decisions import elapsed_of  # noqa: E402
 
 __all__ = ["learning_curve", "study_plots"]
@@ -52,7 +53,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 def _ran(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
     return [t for t in trials if t.state == TrialState.COMPLETE
-            and t.user_attrs.get("outcome") in ("reached", "censored", "failed")]
+            and t.user_attrs.get(record.OUTCOME) in ("reached", "censored", "failed")]
 
 
 def _tta_vs_batch(trials: Sequence[FrozenTrial], path: Path) -> Path:
@@ -61,8 +62,8 @@ def _tta_vs_batch(trials: Sequence[FrozenTrial], path: Path) -> Path:
               "censored": ("^", "tab:gray", "censored: TTA > elapsed"),
               "failed": ("x", "tab:red", "failed")}
     for outcome, (marker, color, label) in styles.items():
-        pts = [(t.user_attrs.get("params", {}).get("global_batch"), elapsed_of(t))
-               for t in trials if t.user_attrs.get("outcome") == outcome]
+        pts = [(t.user_attrs.get(record.PARAMS, {}).get("global_batch"), elapsed_of(t))
+               for t in trials if t.user_attrs.get(record.OUTCOME) == outcome]
         pts = [(b, v) for b, v in pts if v is not None]
         pts = [(b, v) for b, v in pts if b]
         if pts:
@@ -89,7 +90,7 @@ def _legend(ax: Any) -> None:
 def _history(trials: Sequence[FrozenTrial], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     reached = [(t.number, float(t.value)) for t in trials
-               if t.user_attrs.get("outcome") == "reached" and t.value is not None]
+               if t.user_attrs.get(record.OUTCOME) == "reached" and t.value is not None]
     if reached:
         ax.scatter(*zip(*reached, strict=True), color="tab:green", label="reached")
         best, xs, ys = math.inf, [], []
@@ -99,7 +100,7 @@ def _history(trials: Sequence[FrozenTrial], path: Path) -> Path:
             ys.append(best)
         ax.step(xs, ys, where="post", color="black", label="best so far")
     censored = [(t.number, elapsed_of(t)) for t in trials
-                if t.user_attrs.get("outcome") == "censored" and elapsed_of(t) is not None]
+                if t.user_attrs.get(record.OUTCOME) == "censored" and elapsed_of(t) is not None]
     if censored:
         ax.scatter(*zip(*censored, strict=True), marker="^", color="tab:gray",
                    label="censored (TTA > elapsed)")
@@ -114,9 +115,9 @@ def _history(trials: Sequence[FrozenTrial], path: Path) -> Path:
 def _overlay(trials: Sequence[FrozenTrial], metric: str, target: float, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for t in trials:
-        rows = t.user_attrs.get("curve") or []
+        rows = t.user_attrs.get(record.CURVE) or []
         if rows:
-            outcome = t.user_attrs.get("outcome")
+            outcome = t.user_attrs.get(record.OUTCOME)
             ax.plot([r[0] for r in rows], [r[_INDEX[metric]] for r in rows],
                     color="tab:green" if outcome == "reached" else "tab:gray",
                     alpha=0.9 if outcome == "reached" else 0.5, linewidth=1.2)

@@ -42,8 +42,9 @@ from optuna.distributions import BaseDistribution
 from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import FrozenTrial, TrialState
 
+from . import record
 from ._spread import farthest
-from .pruners import CURVE_KEY, OUTCOME_KEY, Curve
+from .pruners import Curve
 
 __all__ = ["ExploringTPESampler", "SpreadSampler", "planned_seconds"]
 
@@ -55,7 +56,7 @@ def planned_seconds(trial: FrozenTrial) -> float | None:
     the share of the planned schedule done (None before a first evaluation). Known for pruned
     and reached trials too, not only for those that trained to their end."""
     try:
-        end = Curve.of(trial.user_attrs.get(CURVE_KEY) or []).planned_end()
+        end = Curve.of(trial.user_attrs.get(record.CURVE) or []).planned_end()
     except (TypeError, ValueError, IndexError):
         return None
     return end if 0 < end < math.inf else None
@@ -102,7 +103,7 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         typical = statistics.median(known) if known else None
         costs: list[float | None] = []
         for t, seconds in zip(tried, planned, strict=True):
-            if t.user_attrs.get(OUTCOME_KEY) == "failed":
+            if t.user_attrs.get(record.OUTCOME) == "failed":
                 seconds = seconds if seconds is not None else typical
                 seconds = None if seconds is None else seconds * self.failed_cost
             costs.append(seconds)

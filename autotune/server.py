@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from . import record
 from ._channel import LOOPBACK, Address, ServerSecurity, check_port, is_server_url
 from ._retry import RetryingStorage
 from .config import database_url, redact
@@ -165,7 +166,7 @@ class ControlLoop:
         if study not in self._beats:
             try:
                 study_id = self.storage.get_study_id_from_name(study)
-                config = self.storage.get_study_user_attrs(study_id).get("config", {})
+                config = self.storage.get_study_user_attrs(study_id).get(record.STUDY_CONFIG, {})
                 self._beats[study] = float(config.get("heartbeat_s", DEFAULT_HEARTBEAT_S))
             except KeyError:
                 return DEFAULT_HEARTBEAT_S

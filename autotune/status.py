@@ -8,6 +8,7 @@ from typing import Any
 
 import optuna
 
+from . import record
 from ._channel import is_server_url
 from .config import database_url, redact
 from .decisions import elapsed_of
@@ -59,7 +60,7 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
     echo(f"{'trial':>5}  {'state':8}  {'outcome':10}  {'reason':14}  {'value':>9}  params")
     best = None
     for t in trials:
-        outcome = t.user_attrs.get("outcome", "")
+        outcome = t.user_attrs.get(record.OUTCOME, "")
         if t.state.name == "RUNNING":
             started = t.datetime_start or now
             value = f"{(now - started).total_seconds():.0f} s on"
@@ -70,9 +71,9 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
                 best is None or t.value < float(best.value or 0.0)):
             best = t
         params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in t.user_attrs.get("params", t.params).items())
+                          for k, v in t.user_attrs.get(record.PARAMS, t.params).items())
         echo(f"{t.number:>5}  {t.state.name:8}  {outcome:10}  "
-             f"{t.user_attrs.get('stop_reason', ''):14}  {value:>9}  {params}")
+             f"{t.user_attrs.get(record.STOP_REASON, ''):14}  {value:>9}  {params}")
     workers = _workers(storage, study_name)
     if workers:
         echo("workers:")

@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from . import record
 from ._channel import Address, is_server_url, open_channel, parse_address, refused
 from ._preflight import check_ranks, check_writable
 from .config import (
@@ -205,22 +206,16 @@ def format_result(r: TrialResult, metric: str) -> str:
     return f"[trial {r.number:3d}] {params} | {tail}"
 
 
-RESUMED = ("interrupted", "worker_lost")  # trials that go on as a resumption
-
-
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
-    """Trials that ran and ended. Points dropped for violating a constraint, and trials
-    interrupted or lost to resume elsewhere (their resumption counts), do not count."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-            and t.user_attrs.get("outcome") != "infeasible"
-            and t.user_attrs.get("stop_reason") not in RESUMED]
+    """Trials that ran and ended (``record.finished``)."""
+    return record.finished(study.get_trials(deepcopy=False))
 
 
 def _counts(trials: list[FrozenTrial]) -> dict[str, int]:
     counts = {"reached": 0, "censored": 0, "failed": 0}
     for t in trials:
-        outcome = t.user_attrs.get("outcome", "failed" if t.state == TrialState.FAIL else "")
+        outcome = t.user_attrs.get(record.OUTCOME,
+                                   "failed" if t.state == TrialState.FAIL else "")
         if outcome in counts:
             counts[outcome] += 1
     return counts
@@ -276,7 +271,7 @@ def _prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
 def _check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
                           echo: Print) -> None:
     """Refuses to resume ``study`` with a config that changes what it measures."""
-    stored = study.user_attrs.get("config")
+    stored = study.user_attrs.get(record.STUDY_CONFIG)
     if not isinstance(stored, dict):
         return
     changes = config_changes(stored, cfg.to_dict())
@@ -287,7 +282,7 @@ def _check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
                           f"config ({'; '.join(changes)}); pass --accept-changes to resume it "
                           "with these, or set another study_name")
     echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
-    study.set_user_attr("config", cfg.public_dict())
+    study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
 
 
 def _print(line: str) -> None:
@@ -320,8 +315,8 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
     tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
                         cfg.public_dict(), space.to_dict(), resumed=bool(existing))
     if not existing:
-        study.set_user_attr("config", cfg.public_dict())
-        study.set_user_attr("search_space", space.to_dict())
+        study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
+        study.set_user_attr(record.STUDY_SPACE, space.to_dict())
         if cfg.warm_start:
             for point in space.warm_starts:
                 study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})
@@ -351,10 +346,12 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
 def result_of(trial: FrozenTrial) -> TrialResult:
     """A finished trial's result, as recorded in the study store."""
     attrs = trial.user_attrs
-    return TrialResult(trial.number, dict(attrs.get("params", trial.params)),
-                       str(attrs.get("outcome", "failed")), str(attrs.get("stop_reason", "")),
-                       value=elapsed_of(trial), best_metric=float(attrs.get("best_metric", 0.0)),
-                       evals=len(attrs.get("curve", [])), detail=str(attrs.get("detail", "")))
+    return TrialResult(trial.number, dict(attrs.get(record.PARAMS, trial.params)),
+                       str(attrs.get(record.OUTCOME, "failed")),
+                       str(attrs.get(record.STOP_REASON, "")), value=elapsed_of(trial),
+                       best_metric=float(attrs.get(record.BEST_METRIC, 0.0)),
+                       evals=len(attrs.get(record.CURVE, [])),
+                       detail=str(attrs.get(record.DETAIL, "")))
 
 
 def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: Any,
@@ -432,6 +429,12 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
     work()
     for t in threads:
         t.join()
+    if stop_at is not None and time.monotonic() >= stop_at - 1.0:
+        cut = [t.number for t in study.get_trials(deepcopy=False)
+               if t.user_attrs.get(record.STOP_REASON) == "study_timeout"]
+        echo(f"study {cfg.study_name!r}: timeout_s ({cfg.budget.timeout_s:g} s) reached; "
+             + (f"trial(s) {', '.join(map(str, cut))} were stopped at it (study_timeout)"
+                if cut else "no trial was running past it"))
 
 
 def _summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Print) -> int:
@@ -448,14 +451,15 @@ def _summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pr
         best = study.best_trial
     except ValueError:
         best = None
-    if best is None or best.user_attrs.get("outcome") != "reached":
-        closest = max(trials, key=lambda t: t.user_attrs.get("best_metric", 0.0), default=None)
+    if best is None or best.user_attrs.get(record.OUTCOME) != "reached":
+        closest = max(trials, key=lambda t: t.user_attrs.get(record.BEST_METRIC, 0.0),
+                      default=None)
         note = "" if closest is None else (
             f"; closest: trial {closest.number} with {cfg.target.metric} "
-            f"{closest.user_attrs.get('best_metric', 0.0):.3f}")
+            f"{closest.user_attrs.get(record.BEST_METRIC, 0.0):.3f}")
         echo(f"no trial reached {cfg.target.metric} >= {cfg.target.value} yet{note}")
     else:
-        best_params = dict(best.user_attrs.get("params", {})) or dict(best.params)
+        best_params = dict(best.user_attrs.get(record.PARAMS, {})) or dict(best.params)
         summary["best_tta_s"] = best.value
         summary["best_trial"] = best.number
         echo(f"best: trial {best.number}, time to {cfg.target.metric} >= {cfg.target.value}: "

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import record
 from ._outbox import Outbox
 from .config import resolve_tracking_uri
 
@@ -56,20 +57,20 @@ def run_name(key: str, outcome: str, reason: str, metrics: Mapping[str, Any]) ->
 def leaderboard(trials: Sequence[Any], metric: str, target: float, top: int = 10) -> str:
     """The study's leaderboard as Markdown (the parent run's description): the trials that
     reached the target, fastest first, and how the others ended."""
-    reached = sorted((t for t in trials if t.user_attrs.get("outcome") == "reached"
+    reached = sorted((t for t in trials if t.user_attrs.get(record.OUTCOME) == "reached"
                       and t.value is not None), key=lambda t: float(t.value))
     lines = [f"**Time to {metric} >= {target}**", ""]
     if reached:
         lines += ["| rank | trial | TTA (s) | parameters |", "|---|---|---|---|"]
         for rank, t in enumerate(reached[:top], start=1):
             params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                               for k, v in t.user_attrs.get("params", t.params).items())
+                               for k, v in t.user_attrs.get(record.PARAMS, t.params).items())
             lines.append(f"| {rank} | {t.number} | {float(t.value):.2f} | {params} |")
     else:
         lines.append("No trial has reached the target yet.")
     ended: dict[str, int] = {}
     for t in trials:
-        outcome = t.user_attrs.get("outcome")
+        outcome = t.user_attrs.get(record.OUTCOME)
         if outcome and outcome != "infeasible":
             ended[outcome] = ended.get(outcome, 0) + 1
     if ended:

@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from . import record
 from ._channel import is_server_url
 from ._preflight import check_ranks, check_writable
 from .config import StudyConfig, redact
@@ -22,7 +23,7 @@ from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
 from .objective import TrialRunner, make_pruner, make_sampler
 from .space import SearchSpace
-from .study import _finished, format_result, open_storage, quiet_libraries
+from .study import format_result, open_storage, quiet_libraries
 from .tracking import Tracker
 
 __all__ = ["run_worker"]
@@ -37,8 +38,8 @@ def _load(storage: Any, study_name: str) -> tuple[optuna.Study, StudyConfig, Sea
     attrs = study.user_attrs
     if "config" not in attrs or "search_space" not in attrs:
         raise ConfigError(f"study {study_name!r} was not created by autotune start study")
-    cfg = StudyConfig.from_dict(attrs["config"])
-    space = SearchSpace.from_dict(attrs["search_space"])
+    cfg = StudyConfig.from_dict(attrs[record.STUDY_CONFIG])
+    space = SearchSpace.from_dict(attrs[record.STUDY_SPACE])
     study = optuna.load_study(study_name=study_name, storage=storage,
                               # no seed: it draws its own; running trials keep workers apart
                               sampler=make_sampler(cfg, None),
@@ -50,7 +51,8 @@ def _budget_left(study: optuna.Study, cfg: StudyConfig) -> bool:
     if cfg.budget.n_trials is None:
         return True
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    return len(_finished(study)) + len(running) < cfg.budget.n_trials
+    done = record.finished(study.get_trials(deepcopy=False))
+    return len(done) + len(running) < cfg.budget.n_trials
 
 
 def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = print,

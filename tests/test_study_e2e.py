@@ -146,3 +146,23 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     assert "search space images" in result.stdout
     assert [t.user_attrs["augment"] for t in study.trials] == ["none", "crop_flip"]
     assert {"distributed", "data", "model", "engine"} <= set(first.user_attrs["setup_phases"])
+
+
+def test_a_study_keeps_its_timeout_and_says_which_trial_it_stopped(tmp_path):
+    """timeout_s is kept between evaluations: the running trial is stopped at the study's
+    deadline (study_timeout), not at its next evaluation or its cap, and the summary says so."""
+    (tmp_path / "timed.yaml").write_text(
+        "search_space: quickstart\n"
+        "trainer: {data: {kind: digits, image_size: 32}, eval_every_s: 20}\n"
+        "target: {metric: top1, value: 1.0}\n"
+        "budget: {n_trials: 50, timeout_s: 15, max_trial_s: 120}\n"
+        "pruner: none\nwarm_start: false\n")
+    result = run_cli("start", "study", "timed.yaml", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "timeout_s (15 s) reached; trial(s) 0 were stopped at it" in result.stdout, \
+        result.stdout
+    trial = optuna.load_study(study_name="timed",
+                              storage=f"sqlite:///{tmp_path / 'autotune.db'}").trials[0]
+    assert trial.user_attrs["stop_reason"] == "study_timeout"
+    # stopped between evaluations, well before its 20 s cadence would have told it
+    assert trial.user_attrs["elapsed_s"] < 20

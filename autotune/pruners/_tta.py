@@ -7,22 +7,21 @@ from collections.abc import Iterable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from .. import record
 from ._curves import Curve
 from ._rules import Rules, decide
 
 __all__ = ["TimeToAccuracyPruner", "best_tta", "CURVE_KEY", "ELAPSED_KEY", "OUTCOME_KEY"]
 
-OUTCOME_KEY = "outcome"      # user attr: reached | censored | failed | infeasible
-ELAPSED_KEY = "elapsed_s"    # user attr: the trial's latest elapsed seconds
-CURVE_KEY = "curve"          # user attr: rows [elapsed_s, top1, top5, progress, loss]
+# The trial record's keys (autotune.record owns them), under the names this package exports.
+OUTCOME_KEY, ELAPSED_KEY, CURVE_KEY = record.OUTCOME, record.ELAPSED, record.CURVE
 _METRIC_INDEX = {"top1": 1, "top5": 2}
 
 
 def best_tta(trials: Iterable[FrozenTrial]) -> float | None:
     """The smallest TTA among trials that reached the target, or None."""
-    values = [t.value for t in trials if t.state == TrialState.COMPLETE
-              and t.user_attrs.get(OUTCOME_KEY) == "reached" and t.value is not None]
-    return min(values) if values else None
+    best = record.best_reached(trials)
+    return None if best is None else best.value
 
 
 class TimeToAccuracyPruner(optuna.pruners.BasePruner):
@@ -70,9 +69,7 @@ class TimeToAccuracyPruner(optuna.pruners.BasePruner):
             return "bound" if deadline is not None and elapsed > deadline else None
         others = [self._curve(t) for t in trials if t.number != trial.number
                   and t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED)]
-        rows = trial.user_attrs.get(CURVE_KEY, [])
-        loss = rows[-1][4] if rows and len(rows[-1]) > 4 else None
-        return decide(curve, others, best, self.rules, loss)
+        return decide(curve, others, best, self.rules, record.last_loss(trial.user_attrs))
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         return self.decide(study, trial) is not None
