@@ -42,7 +42,9 @@ __all__ = ["ControlClient", "StallGuard", "WorkerSession", "add_control_service"
 
 log = logging.getLogger("autotune")
 STALE_BEATS = 1.5          # silent this many heartbeats: given up
-RECONNECT_GRACE = timedelta(seconds=10)   # after an outage of the registry, before recovery
+# After the server starts, or the registry comes back from an outage, workers get this long
+# (besides the usual 1.5 heartbeats) to reconnect and beat before any is given up.
+RECONNECT_GRACE = timedelta(seconds=10)
 ORPHAN_BEATS = 6.0         # RUNNING with no attempt on record this many heartbeats: given up
 LATE_S = 1.0               # a recoverer this late for its own next check was itself stalled
 _METHOD = "/autotune.Control/Call"

@@ -10,7 +10,7 @@ both call these, so a replayed study makes exactly the decisions a real one make
 * ``classify``: the trial's outcome from the trainer's end report (or its absence);
 * ``tell``: the outcome told to Optuna.
 
-Outcomes (DESIGN.md):
+Outcomes (docs/DESIGN.md, "Rules of time-to-accuracy"):
 
 * reached: value = TTA seconds, feasible;
 * censored: stopped or ended without reaching the target. Its TTA is only known to exceed its

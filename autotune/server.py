@@ -22,21 +22,18 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from typing import Any
 
 from . import record
 from ._channel import LOOPBACK, Address, ServerSecurity, check_port, is_server_url
 from ._retry import RetryingStorage
 from .config import database_url, redact
+from .control import RECONNECT_GRACE
 from .errors import ConfigError
 
 __all__ = ["serve", "open_database"]
 
 DEFAULT_HEARTBEAT_S = 10.0
-# After the server starts, or its database comes back, workers get this long (besides the
-# usual 1.5 heartbeats) to reconnect and beat before any is given up.
-RECONNECT_GRACE = timedelta(seconds=10)
 
 
 def open_database(storage_url: str) -> Any:

@@ -17,7 +17,7 @@ machine's plain ResNet-18 speed (``machine_img_s``, which ``compare`` prints): t
 machine has run three times faster on some days than on others, and a table is comparable
 only with itself. ``--resume`` keeps what an interrupted recording of the same sample wrote.
 The committed tables: ``quickstart_curves.jsonl`` (the default: 60 configurations, sample
-seed 8, recorded at 669 img/s, the speed DESIGN.md records for these machines),
+seed 8, recorded at 669 img/s, this machine's speed on a normal day),
 ``quickstart_curves_205img_s.jsonl`` (48 configurations, seed 7, at 205 img/s) and
 ``quickstart_curves_per_epoch.jsonl`` (60 configurations, one evaluation an epoch and a
 launch at every trial, recorded before ``record`` took the study's settings).

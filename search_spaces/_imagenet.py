@@ -1,5 +1,5 @@
 """Shared builder of the ResNet-50/ImageNet spaces, with the published configurations as warm
-starts (../shared/REFERENCE.md of the project lists the sources).
+starts (each entry of ``PUBLISHED`` names its source: the paper, benchmark or submission).
 
 Global batches are multiples of the world size (32 to 1,024 images per rank, 256 to 65,536 in
 all), so every proposal splits evenly over the ranks. LRs are per 256 images with linear

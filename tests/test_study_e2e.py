@@ -27,7 +27,7 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
 
     study = optuna.load_study(study_name="quickstart", storage=storage)
     trials = study.trials
-    # The warm start reaches 97% top-1 within its 30 s on a machine at DESIGN.md's speed; on a
+    # The warm start reaches 97% top-1 within its 30 s on a machine at its usual speed; on a
     # slower one (these CPUs have run at a seventh of it) no trial may reach.
     reaching = [t for t in trials if t.user_attrs["outcome"] == "reached"]
     best = min(reaching, key=lambda t: t.value) if reaching else None
