@@ -36,6 +36,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from trainers import protocol
+
 from . import record
 from .pruners import TimeToAccuracyPruner
 
@@ -101,7 +103,7 @@ def study_deadline(pruner: optuna.pruners.BasePruner, study: optuna.Study) -> fl
 
 
 def _reply(action: str, reason: str, deadline: float | None) -> Reply:
-    return {"action": action, "reason": reason, "deadline_s": deadline}
+    return protocol.decision(action, reason, deadline)
 
 
 def start_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study) -> Reply:

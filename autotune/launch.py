@@ -18,6 +18,8 @@ from typing import Any
 
 import psutil
 
+from trainers import protocol
+
 from ._ops import extensions_dir
 from .errors import LaunchError
 
@@ -367,7 +369,7 @@ class WarmRanks:
             if message.get("type") != "ready" or self.process.proc.poll() is not None:
                 return False
             self._log_at = self._log_size()
-            self.channel.reply({"action": "plan", "plan": plan})
+            self.channel.reply(protocol.plan_reply(plan))
             self.trials += 1
             return True
         return False
@@ -395,7 +397,7 @@ class WarmRanks:
             kill = True
             for message in self.channel.messages(self.process, time.monotonic() + 5.0):
                 if message.get("type") == "ready":
-                    self.channel.reply({"action": "exit"})
+                    self.channel.reply(protocol.EXIT)
                     kill = False
                 break
         self.channel.close()
@@ -410,7 +412,7 @@ Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
 def keep_going(message: dict[str, Any]) -> dict[str, Any]:
     """The reply that lets a trainer go on, with no deadline."""
-    return {"action": "continue", "reason": "", "deadline_s": None}
+    return protocol.go()
 
 
 def run_plan(plan: dict[str, Any], folder: Path, *, answer: Answer = keep_going,
@@ -434,7 +436,7 @@ def run_plan(plan: dict[str, Any], folder: Path, *, answer: Answer = keep_going,
     try:
         for message in channel.messages(process, time.monotonic() + timeout_s):
             messages.append(message)
-            channel.reply({"action": "ack"} if message.get("type") == "end"
+            channel.reply(protocol.ACK if message.get("type") == "end"
                           else answer(message))
             if on_message is not None:
                 on_message(message, channel, process)
@@ -474,12 +476,12 @@ def serve_plans(plans: Iterable[dict[str, Any]], folder: Path, *, device: str = 
             for message in ranks.channel.messages(ranks.process, time.monotonic() + timeout_s):
                 messages.append(message)
                 ended = message.get("type") == "end"
-                ranks.channel.reply({"action": "ack"} if ended else keep_going(message))
+                ranks.channel.reply(protocol.ACK if ended else keep_going(message))
                 if ended:
                     break
             wall = time.perf_counter() - start
             if not messages or messages[-1].get("type") != "end" \
-                    or messages[-1].get("reason") in ("checkpointed", "oom"):
+                    or protocol.leaves_after(messages[-1].get("reason")):
                 ranks.close(kill=True)
                 ranks = None
             yield messages, wall

@@ -22,6 +22,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from trainers import protocol
+
 from . import record
 from ._ops import ensure_cpu_ops
 from ._retry import StoreUnavailable
@@ -399,6 +401,7 @@ class TrialRunner:
         retry_at = [0.0]      # while the store is away, try it again only every few seconds
 
         given_up: list[bool] = []   # the registry gave this worker up and ended the trial
+        serves = [True]   # the start report says whether the ranks wait for a next plan
 
         def flush(patience: float | None) -> bool:
             if patience is not None and time.monotonic() < retry_at[0]:
@@ -430,6 +433,7 @@ class TrialRunner:
             for msg in channel.messages(process, lambda: limits["until"], idle):
                 kind = msg.get("type")
                 if kind == "start":
+                    serves[0] = bool(msg.get("serves", True))
                     limits.update(until=time.monotonic() + training_limit, phase="training")
                     writes.append(partial(trial.set_user_attr, record.SETUP_S,
                                           msg.get("setup_s")))
@@ -465,10 +469,9 @@ class TrialRunner:
                     if flush(0):
                         reply = self._decide(study, trial, msg, deadline)
                     else:  # the study store is away: no decision without it; go on
-                        reply = {"action": "continue", "reason": "", "deadline_s": deadline}
+                        reply = protocol.go(deadline)
                     if given_up:
-                        reply = {"action": "stop", "reason": "worker_lost",
-                                 "deadline_s": deadline}
+                        reply = protocol.stop("worker_lost", deadline)
                     deadline = reply["deadline_s"]
                     stop_reason = reply["reason"] or stop_reason
                     if (reply["action"] == "continue" and every > 0
@@ -483,14 +486,15 @@ class TrialRunner:
                     self._record(trial, attempt, checkpoint_path=str(msg["path"]),
                                  elapsed_s=saved_at)
                     flush(0)
-                    channel.reply({"action": "ack"})
+                    channel.reply(protocol.ACK)
                 elif kind == "end":
                     end = msg
-                    channel.reply({"action": "ack"})
+                    channel.reply(protocol.ACK)
                     break     # warm ranks now wait for the next plan; others exit
         finally:
             code = self._finish(channel, process, ranks, end, folder,
-                                keep=not self._interrupted.is_set() and not given_up)
+                                keep=not self._interrupted.is_set() and not given_up
+                                and serves[0])
             flush(None)
         if (end is not None and end.get("reason") == "bound" and self.stop_at is not None
                 and time.monotonic() >= self.stop_at - 1.0):
@@ -536,7 +540,7 @@ class TrialRunner:
                 process.kill()
             return process.wait(ended=end is not None)
         ranks.copy_log(folder / "trainer.log")
-        if keep and end is not None and end.get("reason") not in ("checkpointed", "oom") \
+        if keep and end is not None and not protocol.leaves_after(end.get("reason")) \
                 and ranks.trials < WARM_TRIALS_MAX:
             self._local.ranks = ranks
             return 0
@@ -575,7 +579,7 @@ class TrialRunner:
                 return eval_reply(self.pruner, study, trial, msg, now=time.monotonic(),
                                   stop_at=self.stop_at)
         except StoreUnavailable:
-            return {"action": "continue", "reason": "", "deadline_s": last_deadline}
+            return protocol.go(last_deadline)
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
         tell(study, trial, result, autotune=self.cfg.pruner == "tta",

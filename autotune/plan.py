@@ -149,6 +149,7 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
             seed: int = 0) -> dict[str, Any]:
     """The full training plan for ``sampled`` parameters on ``hardware``."""
     p = _params(sampled)
+    trainer = {**_trainer_defaults(), **trainer}   # one place for the defaults: TrainerConfig
     batch = int(p["global_batch"])
     micro, accum = split_batch(batch, hardware.world_size, hardware.max_micro_batch)
     if batch > train_size:
@@ -168,7 +169,7 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
                or AUGMENT_DEFAULTS.get(str(data.get("kind", "digits")), "none"))
     return {
         "params": dict(sampled),
-        "model": trainer["model"], "num_classes": int(trainer.get("num_classes", 10)),
+        "model": trainer["model"], "num_classes": int(trainer["num_classes"]),
         "data": data, "augment": augment, "device": hardware.device,
         "threads_per_rank": hardware.threads_per_rank,
         "world_size": hardware.world_size, "global_batch": batch, "micro_batch": micro,
@@ -177,16 +178,16 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
         "optimizer": {"name": p["optimizer"], "momentum": float(p["momentum"]),
                       "nesterov": bool(p["nesterov"]), "weight_decay": float(p["weight_decay"]),
                       "trust_coefficient": float(p["lars_trust_coefficient"])},
-        "no_wd_on_bn_bias": bool(trainer.get("no_wd_on_bn_bias", True)),
-        "zero_init_residual": bool(trainer.get("zero_init_residual", False)),
+        "no_wd_on_bn_bias": bool(trainer["no_wd_on_bn_bias"]),
+        "zero_init_residual": bool(trainer["zero_init_residual"]),
         "label_smoothing": float(p["label_smoothing"]),
         "target": {"metric": target["metric"], "value": float(target["value"])},
-        "eval_every_steps": int(trainer.get("eval_every_steps", 0)),
-        "eval_every_s": float(trainer.get("eval_every_s", 0.0)),
-        "eval_batch": int(trainer.get("eval_batch", 256)),
+        "eval_every_steps": int(trainer["eval_every_steps"]),
+        "eval_every_s": float(trainer["eval_every_s"]),
+        "eval_batch": int(trainer["eval_batch"]),
         "max_seconds": float(max_seconds), "seed": int(seed),
-        "precision": str(trainer.get("precision", "bf16")) if on_gpu else "fp32",
-        "compile": bool(trainer.get("compile", False)),
+        "precision": str(trainer["precision"]) if on_gpu else "fp32",
+        "compile": bool(trainer["compile"]),
         "checkpoint_dir": None, "resume_from": None,
         "deepspeed": {
             "train_batch_size": batch, "train_micro_batch_size_per_gpu": micro,
@@ -197,6 +198,15 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
             "wall_clock_breakdown": False,
         },
     }
+
+
+def _trainer_defaults() -> dict[str, Any]:
+    """The study file's trainer section as it is when a file sets nothing."""
+    import dataclasses
+
+    from .config import TrainerConfig
+
+    return dataclasses.asdict(TrainerConfig())
 
 
 def derived_params(plan: Mapping[str, Any]) -> dict[str, Any]:

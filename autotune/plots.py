@@ -178,16 +178,19 @@ def _plotly_pages(study: optuna.Study, folder: Path) -> list[Path]:
     vis = optuna.visualization
     # Trials that did not reach the target have the value +inf: Optuna's pages leave them out
     # (they plot TTAs), and say so once a trial; those lines are not for the user's terminal.
+    # Nor is Optuna's warning that too few trials make every importance equal.
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        for name, make in (("optimization_history.html", vis.plot_optimization_history),
-                           ("param_importances.html", vis.plot_param_importances)):
-            try:
-                make(study).write_html(str(folder / name), include_plotlyjs=True)
-            except (ValueError, RuntimeError):
-                continue
-            pages.append(folder / name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for name, make in (("optimization_history.html", vis.plot_optimization_history),
+                               ("param_importances.html", vis.plot_param_importances)):
+                try:
+                    make(study).write_html(str(folder / name), include_plotlyjs=True)
+                except (ValueError, RuntimeError):
+                    continue
+                pages.append(folder / name)
     finally:
         optuna.logging.set_verbosity(verbosity)
     return pages

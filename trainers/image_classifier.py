@@ -57,7 +57,7 @@ if __package__ in (None, ""):  # started as a script by the launcher
 import torch
 import torch.distributed as dist
 
-from trainers.augment import DEFAULTS as _AUGMENT_DEFAULTS
+from trainers import protocol
 from trainers.reporter import Reporter, connect
 from trainers.schedule import eval_interval, lr_factor
 from trainers.sources import Source, open_source
@@ -76,7 +76,7 @@ def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
     if factory is None:
         raise ValueError(f"unknown model {plan['model']!r}; use a torchvision model name")
     return factory(num_classes=num_classes,
-                   zero_init_residual=bool(plan.get("zero_init_residual", False)))
+                   zero_init_residual=bool(plan["zero_init_residual"]))
 
 
 def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim.Optimizer:
@@ -84,7 +84,7 @@ def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for name, param in model.named_parameters():
-        skip = plan.get("no_wd_on_bn_bias", True) and (param.ndim <= 1 or name.endswith(".bias"))
+        skip = plan["no_wd_on_bn_bias"] and (param.ndim <= 1 or name.endswith(".bias"))
         (no_decay if skip else decay).append(param)
     groups = [{"params": decay, "weight_decay": opt["weight_decay"]},
               {"params": no_decay, "weight_decay": 0.0}]
@@ -153,7 +153,8 @@ def _is_oom(error: BaseException) -> bool:
 class Trainer:
     """One rank of one trial."""
 
-    def __init__(self, plan: dict[str, Any], reporter: Reporter) -> None:
+    def __init__(self, plan: dict[str, Any], reporter: Reporter, serves: bool = False) -> None:
+        self.serves = serves   # after this trial, the ranks wait for the worker's next plan
         _SERVED[0] += 1
         self.plan = plan
         self.reporter = reporter
@@ -166,9 +167,7 @@ class Trainer:
                                       "control_s": 0.0, "best": {"top1": 0.0, "top5": 0.0},
                                       "last_eval_at": 0.0, "deadline": -1.0}
         self.phases: dict[str, float] = {}   # setup phase -> seconds after the start it began
-        data = plan.get("data", {})
-        self.augment = str(plan.get("augment") or data.get("augment")
-                           or _AUGMENT_DEFAULTS.get(data.get("kind", "digits"), "none"))
+        self.augment = str(plan["augment"])   # resolved by the worker (autotune.plan)
         self.last_eval_cost = 0.0
 
     def _phase(self, name: str) -> None:
@@ -182,7 +181,7 @@ class Trainer:
     # -- setup --------------------------------------------------------------------------------
     def setup(self) -> None:
         plan = self.plan
-        self.on_gpu = plan.get("device", "cpu") == "cuda"
+        self.on_gpu = plan["device"] == "cuda"
         self._phase("distributed")
         import deepspeed
 
@@ -199,7 +198,7 @@ class Trainer:
             torch.backends.cudnn.benchmark = True
         else:
             self.device = torch.device("cpu")
-            torch.set_num_threads(int(plan.get("threads_per_rank", 1)))
+            torch.set_num_threads(int(plan["threads_per_rank"]))
         self._phase("data")
         self.source: Source = _source(plan["data"], self.on_gpu)
         self._phase("model")
@@ -216,11 +215,11 @@ class Trainer:
                                                     config=plan["deepspeed"])
         if self.world == 1:  # nothing to average: skip DeepSpeed's gradient all-reduce
             self.engine.enable_backward_allreduce = False
-        if plan.get("compile"):
+        if plan["compile"]:
             self.engine.compile()  # DeepSpeed compiles the wrapped module with torch.compile
         self.forward = self.engine
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])
-        if plan.get("resume_from"):
+        if plan["resume_from"]:
             self._phase("resume")
             self._load(Path(plan["resume_from"]))
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -229,7 +228,7 @@ class Trainer:
         self.terminate = True
 
     def _autocast(self) -> Any:
-        if self.on_gpu and self.plan.get("precision", "bf16") == "bf16":
+        if self.on_gpu and self.plan["precision"] == "bf16":
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
 
@@ -332,8 +331,8 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         plan, st = self.plan, self.state
         micro, accum, spe = plan["micro_batch"], plan["grad_accum"], plan["steps_per_epoch"]
-        every_steps = int(plan.get("eval_every_steps") or 0)
-        every_s = float(plan.get("eval_every_s") or 0.0)
+        every_steps = int(plan["eval_every_steps"])
+        every_s = float(plan["eval_every_s"])
         auto = not every_steps and not every_s   # no cadence set: see eval_interval
         if auto:
             every_steps = spe
@@ -343,9 +342,10 @@ class Trainer:
                                         self.wall0, "world_size": self.world,
                                         "hosts": [os.uname().nodename],
                                         "pid": os.getpid(), "served": _SERVED[0],
+                                        "serves": self.serves,
                                         "setup_phases": self.phases, "augment": self.augment,
-                                        "resumed_at_s": st["elapsed"] if plan.get(
-                                            "resume_from") else None})
+                                        "resumed_at_s": st["elapsed"] if plan[
+                                            "resume_from"] else None})
             st["deadline"] = float(reply.get("deadline_s") or -1.0)
         st["deadline"] = _broadcast([st["deadline"]])[0]
         dist.barrier()
@@ -475,13 +475,13 @@ def next_plan(reporter: Reporter, summary: dict[str, Any]) -> dict[str, Any] | N
     leave (the worker said exit or is gone, the trial ended checkpointed or out of memory, or
     a rank got SIGTERM)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # waiting: SIGTERM ends the process at once
-    leave = _agree(int(summary["reason"] in ("checkpointed", "oom")))[0]
+    leave = _agree(int(protocol.leaves_after(summary["reason"])))[0]
     box: list[Any] = [None]
     if dist.get_rank() == 0 and not leave:
         try:
             reply = reporter.send({"type": "ready"})
         except (OSError, ValueError):  # the worker closed the channel, or is gone
-            reply = {"action": "exit"}
+            reply = protocol.EXIT
         if reply.get("action") == "plan" and isinstance(reply.get("plan"), dict):
             box[0] = reply["plan"]
     dist.broadcast_object_list(box, src=0)
@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     reporter = connect(args.report_to) if rank == 0 else connect(None)
     try:
         while plan is not None:
-            trainer = Trainer(plan, reporter)
+            trainer = Trainer(plan, reporter, serves=bool(args.serve and args.report_to))
             trainer.setup()
             summary = trainer.run()
             if trainer.terminate:

@@ -1,4 +1,5 @@
-"""The one channel between a trainer and the worker that launched it.
+"""The one channel between a trainer and the worker that launched it (the messages and
+replies are :mod:`trainers.protocol`'s).
 
 Rank 0 connects to the worker's TCP address (``--report-to HOST:PORT``) and exchanges JSON
 lines. Each message the trainer sends gets exactly one reply:
@@ -29,6 +30,8 @@ import select
 import socket
 from typing import Any
 
+from trainers import protocol
+
 __all__ = ["Reporter", "PrintReporter", "SocketReporter", "connect"]
 
 Message = dict[str, Any]
@@ -57,8 +60,8 @@ class PrintReporter(Reporter):
     def send(self, message: Message) -> Message:
         print(json.dumps(message), flush=True)
         if message.get("type") == "end":
-            return {"action": "ack"}
-        return {"action": "continue", "reason": "", "deadline_s": None}
+            return dict(protocol.ACK)
+        return protocol.go()
 
     def note(self, message: Message) -> None:
         print(json.dumps(message), flush=True)

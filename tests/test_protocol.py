@@ -1,0 +1,33 @@
+"""The worker-trainer contract (trainers/protocol.py): one place for the plan's keys, the
+replies and the warm ranks' leave rule."""
+
+from __future__ import annotations
+
+import typing
+
+from autotune.plan import Hardware, resolve
+from trainers import protocol
+
+
+def test_the_typed_plan_names_every_key_the_worker_writes_and_no_other():
+    plan = resolve({"global_batch": 64, "lr_per_256": 0.1, "epochs": 2},
+                   trainer={"model": "resnet18", "data": {"kind": "digits"}}, train_size=1437,
+                   hardware=Hardware(world_size=2), target={"metric": "top1", "value": 0.9},
+                   max_seconds=10)
+    assert set(plan) == set(typing.get_type_hints(protocol.Plan))
+    assert set(plan["schedule"]) == set(typing.get_type_hints(protocol.Schedule))
+    assert set(plan["optimizer"]) == set(typing.get_type_hints(protocol.Optimizer))
+
+
+def test_replies_have_one_shape():
+    assert protocol.go() == {"action": "continue", "reason": "", "deadline_s": None}
+    assert protocol.go(3.5)["deadline_s"] == 3.5
+    assert protocol.stop("bound", 2.0) == {"action": "stop", "reason": "bound",
+                                           "deadline_s": 2.0}
+    assert protocol.plan_reply({"seed": 1}) == {"action": "plan", "plan": {"seed": 1}}
+
+
+def test_warm_ranks_leave_after_a_checkpointed_or_out_of_memory_end_only():
+    assert protocol.leaves_after("checkpointed") and protocol.leaves_after("oom")
+    for reason in ("reached", "bound", "planned_epochs", "diverged", None):
+        assert not protocol.leaves_after(reason)

@@ -1,0 +1,116 @@
+"""The contract between a worker and the trainer ranks it runs: the plan, the messages rank 0
+sends over the report channel (:mod:`trainers.reporter`) and the worker's replies, and when
+warm ranks leave instead of serving the next plan. Both ends build and read them here.
+
+Messages (rank 0 to the worker), each answered once except the setup notes:
+
+* ``setup``: ``{"type": "setup", "phase", "at_s"}`` as setup enters each phase; no reply;
+* ``start``: after setup, with ``setup_s``, ``setup_phases``, ``serves`` (whether the ranks
+  will wait for another plan after this trial), ...; answered by a decision;
+* ``eval``: after each evaluation; answered by a decision;
+* ``checkpoint``: a periodic checkpoint was saved (``path``, ``elapsed_s``); answered by ack;
+* ``end``: the trial's end (``reason``, ...); answered by ack;
+* ``ready``: warm ranks wait for a plan; answered by :func:`plan_reply` or :data:`EXIT`.
+
+A decision is ``{"action": "continue" | "stop" | "checkpoint", "reason", "deadline_s"}``:
+go on, stop, or save a checkpoint and go on; ``deadline_s`` is the elapsed time after which
+the trainer stops on its own between evaluations (None: no deadline).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+__all__ = ["ACK", "EXIT", "LEAVE_AFTER", "Plan", "Reply", "decision", "go", "leaves_after",
+           "plan_reply", "stop"]
+
+Reply = dict[str, Any]
+
+ACK: Reply = {"action": "ack"}
+EXIT: Reply = {"action": "exit"}
+
+# Trial ends after which warm ranks leave rather than serve another plan: a checkpointed stop
+# (the worker is going away, or the trial resumes elsewhere) and an out-of-memory end (the
+# allocator's state is not to be trusted by the next trial).
+LEAVE_AFTER = ("checkpointed", "oom")
+
+
+def leaves_after(reason: str | None) -> bool:
+    """Whether warm ranks leave after a trial that ended with ``reason``."""
+    return reason in LEAVE_AFTER
+
+
+def decision(action: str, reason: str = "", deadline_s: float | None = None) -> Reply:
+    """The worker's answer to a start or evaluation report."""
+    return {"action": action, "reason": reason, "deadline_s": deadline_s}
+
+
+def go(deadline_s: float | None = None) -> Reply:
+    """Go on (until ``deadline_s`` of elapsed time, if given)."""
+    return decision("continue", "", deadline_s)
+
+
+def stop(reason: str, deadline_s: float | None = None) -> Reply:
+    """Stop now, for ``reason``."""
+    return decision("stop", reason, deadline_s)
+
+
+def plan_reply(plan: dict[str, Any]) -> Reply:
+    """The answer to warm ranks' ``ready``: the next trial's plan."""
+    return {"action": "plan", "plan": plan}
+
+
+class Schedule(TypedDict):
+    warmup_steps: int
+    total_steps: int
+    warmup_start_factor: float
+    decay: str                  # cosine | linear | poly | step | constant
+    power: float
+    milestones: list[float]
+    gamma: float
+    final_lr_factor: float
+
+
+class Optimizer(TypedDict):
+    name: str                   # sgd | lars | lamb
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    trust_coefficient: float
+
+
+class Plan(TypedDict):
+    """Every key of a resolved plan, as ``autotune.plan.resolve`` writes it (JSON)."""
+
+    params: dict[str, Any]      # the sampled point
+    model: str                  # a torchvision classification model
+    num_classes: int
+    data: dict[str, Any]        # the data source (trainer.data)
+    augment: str                # none | flip | crop | crop_flip | imagenet
+    device: str                 # cpu | cuda
+    threads_per_rank: int
+    world_size: int
+    global_batch: int           # micro_batch x grad_accum x world_size
+    micro_batch: int
+    grad_accum: int
+    train_size: int
+    steps_per_epoch: int
+    epochs: int
+    total_steps: int
+    peak_lr: float
+    schedule: Schedule
+    optimizer: Optimizer
+    no_wd_on_bn_bias: bool
+    zero_init_residual: bool
+    label_smoothing: float
+    target: dict[str, Any]      # {"metric": top1 | top5, "value": float}
+    eval_every_steps: int       # 0 and eval_every_s 0: the default cadence
+    eval_every_s: float
+    eval_batch: int
+    max_seconds: float          # the trial's cap on training seconds; 0: none
+    seed: int
+    precision: str              # bf16 | fp32
+    compile: bool
+    checkpoint_dir: str | None
+    resume_from: str | None     # a step-N checkpoint folder to continue from
+    deepspeed: dict[str, Any]   # DeepSpeed's config, generated from the above
