@@ -639,7 +639,12 @@ def check_space(space: SearchSpace, points: int = 64) -> list[str]:
             problems.extend(value_problems(p.name, p.choices))
         elif isinstance(p, Fixed):
             problems.extend(value_problems(p.name, [p.value]))
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)   # no "study created" line
+    try:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     why = None
     for _ in range(points):
         trial = study.ask()

@@ -61,7 +61,7 @@ def run_study(folder: Path, data: Path, timeout: float, old: bool) -> dict:
     trials = optuna.load_study(study_name=study["study_name"],
                                storage=f"sqlite:///{folder / 'autotune.db'}").get_trials()
     compute, first_reach, best, n_to_reach = 0.0, None, math.inf, None
-    for t in sorted(trials, key=lambda t: t.datetime_start or 0):
+    for t in sorted(trials, key=lambda t: t.number):
         if t.datetime_complete is None or t.datetime_start is None:
             continue
         compute += (t.datetime_complete - t.datetime_start).total_seconds()

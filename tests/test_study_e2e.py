@@ -156,7 +156,7 @@ def test_a_study_keeps_its_timeout_and_says_which_trial_it_stopped(tmp_path):
         "trainer: {data: {kind: digits, image_size: 32}, eval_every_s: 20}\n"
         "target: {metric: top1, value: 1.0}\n"
         "budget: {n_trials: 50, timeout_s: 15, max_trial_s: 120}\n"
-        "pruner: none\nwarm_start: false\n")
+        "warm_start: false\n")
     result = run_cli("start", "study", "timed.yaml", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "timeout_s (15 s) reached; trial(s) 0 were stopped at it" in result.stdout, \

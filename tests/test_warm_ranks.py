@@ -24,7 +24,8 @@ def _runner(tmp_path, warm=True):
     # default cadence evaluates every 0.5 s of a 4 s cap, often enough for the at-chance rule
     # to judge a slow learner by half its schedule).
     cfg = dataclasses.replace(
-        cfg, pruner="none", trainer=dataclasses.replace(cfg.trainer, warm_ranks=warm, eval_every_s=0.0),
+        cfg, pruner="none",
+        trainer=dataclasses.replace(cfg.trainer, warm_ranks=warm, eval_every_s=0.0),
         budget=dataclasses.replace(cfg.budget, max_trial_s=4.0))
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}",
                                 direction="minimize", sampler=make_sampler(cfg, 3),
