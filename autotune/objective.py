@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import socket
 import threading
 import time
@@ -26,6 +25,7 @@ from trainers import protocol
 
 from . import record
 from ._ops import ensure_cpu_ops
+from ._reports import HeldWrites, ReportHandler
 from ._retry import StoreUnavailable
 from .config import StudyConfig
 from .decisions import (
@@ -33,11 +33,8 @@ from .decisions import (
     CONSTRAINT,
     TrialResult,
     classify,
-    curve_row,
     eval_reply,
-    eval_writes,
     optuna_state,
-    start_reply,
     study_deadline,
     tell,
     tell_optuna_style,
@@ -66,7 +63,6 @@ log = logging.getLogger("autotune")
 __all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "TrialRunner", "make_pruner",
            "make_sampler", "optuna_state", "tell_optuna_style", "tell_result"]
 
-STORE_RETRY_S = 3.0         # a trial's writes wait this long after the store failed to answer
 MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
 # Warm trainer ranks are replaced after this many trials: whatever a long-lived process
 # accumulates (allocator fragmentation, a library's caches) stays bounded.
@@ -381,9 +377,6 @@ class TrialRunner:
             return TrialResult(trial.number, {}, "failed", "launch_error", detail=str(e))
         launched_at = time.monotonic()
         channel.setup_note = None     # warm ranks: the last trial's notes are not this one's
-        metric = self.cfg.target.metric
-        best, evals, curve = 0.0, 0, []
-        stop_reason = ""
         end: dict[str, Any] | None = None
         # Setup has its own limit, counted from the launch; training's starts at the start
         # report (the first step), so a slow setup never eats a trial's training time.
@@ -391,38 +384,13 @@ class TrialRunner:
         limits = {"until": time.monotonic() + setup_limit, "phase": "setup"}
         training_limit = plan["max_seconds"] * 2 + 60
         asked: list[bool] = []
-        attempt = len(trial.user_attrs.get(record.LINEAGE, [])) + 1
-        every = float(self.cfg.trainer.checkpoint_every_s)
-        saved_at = float(trial.user_attrs.get(record.RESUME_ELAPSED) or 0.0)
-        deadline: float | None = None
-        # Writes to the study store wait here while it is out of reach (a restarting study
-        # server or database); the trainer goes on meanwhile and they are delivered in order.
-        writes: list[Callable[[], Any]] = []
-        retry_at = [0.0]      # while the store is away, try it again only every few seconds
-
-        given_up: list[bool] = []   # the registry gave this worker up and ended the trial
-        serves = [True]   # the start report says whether the ranks wait for a next plan
-
-        def flush(patience: float | None) -> bool:
-            if patience is not None and time.monotonic() < retry_at[0]:
-                return False
-            try:
-                with self._patience(patience):
-                    while writes:
-                        writes[0]()
-                        writes.pop(0)
-                return True
-            except StoreUnavailable:
-                retry_at[0] = time.monotonic() + STORE_RETRY_S
-                return False
-            except optuna.exceptions.UpdateFinishedTrialError:
-                # Failed and queued to resume elsewhere while this worker looked lost: its
-                # records end here; the trainer is stopped at its next report.
-                log.warning("trial %d was given up by the registry; stopping it here",
-                            trial.number)
-                writes.clear()
-                given_up.append(True)
-                return True
+        writes = HeldWrites(self._patience, trial.number)
+        handler = ReportHandler(
+            trial, writes, metric=self.cfg.target.metric, planned_epochs=plan["epochs"],
+            checkpoint_every_s=self.cfg.trainer.checkpoint_every_s,
+            deadline=partial(self._deadline, study),
+            decide=lambda msg, last: self._decide(study, trial, msg, last),
+            cap=self._within_timeout, listeners=self._listeners(trial, run_key))
 
         def idle() -> None:
             if self._interrupted.is_set() and not asked:
@@ -431,77 +399,27 @@ class TrialRunner:
 
         try:
             for msg in channel.messages(process, lambda: limits["until"], idle):
-                kind = msg.get("type")
-                if kind == "start":
-                    serves[0] = bool(msg.get("serves", True))
-                    limits.update(until=time.monotonic() + training_limit, phase="training")
-                    writes.append(partial(trial.set_user_attr, record.SETUP_S,
-                                          msg.get("setup_s")))
-                    writes.append(partial(trial.set_user_attr, record.HOSTS,
-                                          msg.get("hosts", [])))
-                    # which trainer process ran it, and its how-manieth trial (1: launched
-                    # for it; more: warm ranks)
-                    writes.append(partial(trial.set_user_attr, record.TRAINER_PID,
-                                          msg.get("pid")))
-                    writes.append(partial(trial.set_user_attr, record.RANKS_TRIAL,
-                                          msg.get("served", 1)))
-                    if msg.get("setup_phases"):   # phase -> seconds after the start it began
-                        writes.append(partial(trial.set_user_attr, record.SETUP_PHASES,
-                                              msg["setup_phases"]))
-                    if msg.get("augment"):
-                        writes.append(partial(trial.set_user_attr, record.AUGMENT,
-                                              msg["augment"]))
-                    if self.tracker and run_key:
-                        self.tracker.log_start(run_key, msg)
-                    if flush(0):
-                        deadline = self._deadline(study, deadline)
-                    channel.reply(self._within_timeout(
-                        {**start_reply(self.pruner, study), "deadline_s": deadline},
-                        float(msg.get("resumed_at_s") or 0.0)))
-                elif kind == "eval":
-                    evals += 1
-                    value = float(msg[metric])
-                    best = max(best, value) if math.isfinite(value) else best
-                    curve.append(curve_row(msg, plan["epochs"]))
-                    writes.extend(eval_writes(trial, msg, metric, curve))
-                    if self.tracker and run_key:
-                        self.tracker.log_eval(run_key, msg)
-                    if flush(0):
-                        reply = self._decide(study, trial, msg, deadline)
-                    else:  # the study store is away: no decision without it; go on
-                        reply = protocol.go(deadline)
-                    if given_up:
-                        reply = protocol.stop("worker_lost", deadline)
-                    deadline = reply["deadline_s"]
-                    stop_reason = reply["reason"] or stop_reason
-                    if (reply["action"] == "continue" and every > 0
-                            and float(msg["elapsed_s"]) - saved_at >= every):
-                        reply["action"] = "checkpoint"   # saved, and the trial goes on
-                    channel.reply(self._within_timeout(reply, float(msg["elapsed_s"])))
-                elif kind == "checkpoint":
-                    saved_at = float(msg["elapsed_s"])
-                    writes.append(partial(trial.set_user_attr, record.CHECKPOINT, msg["path"]))
-                    writes.append(partial(trial.set_user_attr, record.CHECKPOINT_ELAPSED,
-                                          saved_at))
-                    self._record(trial, attempt, checkpoint_path=str(msg["path"]),
-                                 elapsed_s=saved_at)
-                    flush(0)
-                    channel.reply(protocol.ACK)
-                elif kind == "end":
+                if msg.get("type") == "end":
                     end = msg
                     channel.reply(protocol.ACK)
                     break     # warm ranks now wait for the next plan; others exit
+                if msg.get("type") == "start":
+                    limits.update(until=time.monotonic() + training_limit, phase="training")
+                reply = handler.answer(msg)
+                if reply is not None:
+                    channel.reply(reply)
         finally:
             code = self._finish(channel, process, ranks, end, folder,
-                                keep=not self._interrupted.is_set() and not given_up
-                                and serves[0])
-            flush(None)
+                                keep=not self._interrupted.is_set() and not writes.given_up
+                                and handler.serves)
+            writes.flush(None)
+        stop_reason = handler.stop_reason
         if (end is not None and end.get("reason") == "bound" and self.stop_at is not None
                 and time.monotonic() >= self.stop_at - 1.0):
             end = {**end, "reason": "stopped"}       # it was the study's deadline, not the best
             stop_reason = "study_timeout"
-        result = classify(trial.number, end, code, process.tail() if end is None else "", best,
-                          evals, stop_reason)
+        result = classify(trial.number, end, code, process.tail() if end is None else "",
+                          handler.best, handler.evals, stop_reason)
         if end is None and time.monotonic() > limits["until"]:   # killed at its limit: say so
             if limits["phase"] == "setup":
                 result.reason = "setup_timeout"
@@ -517,8 +435,29 @@ class TrialRunner:
                              "--serve (warm ranks); set trainer.warm_ranks: false in the "
                              "study file, or make it serve plans as trainers/image_classifier "
                              "does")
-        result.curve = curve
+        result.curve = handler.curve
         return result
+
+    def _listeners(self, trial: optuna.Trial, run_key: str | None
+                   ) -> tuple[Callable[[str, dict[str, Any]], None], ...]:
+        """Who hears of a trial's reports besides the study store: its MLflow run (start and
+        evaluations) and the worker registry (checkpoints, so a resumption finds the latest)."""
+        attempt = len(trial.user_attrs.get(record.LINEAGE, [])) + 1
+
+        def registry(kind: str, msg: dict[str, Any]) -> None:
+            if kind == "checkpoint":
+                self._record(trial, attempt, checkpoint_path=str(msg["path"]),
+                             elapsed_s=float(msg["elapsed_s"]))
+
+        def mlflow(kind: str, msg: dict[str, Any]) -> None:
+            if self.tracker is None or not run_key:
+                return
+            if kind == "start":
+                self.tracker.log_start(run_key, msg)
+            elif kind == "eval":
+                self.tracker.log_eval(run_key, msg)
+
+        return (mlflow, registry)
 
     def _within_timeout(self, reply: dict[str, Any], elapsed: float) -> dict[str, Any]:
         """``reply`` with its deadline no later than the study's ``timeout_s``: the trainer

@@ -1,0 +1,164 @@
+"""A trial's reports, answered: what the worker records and replies for each message rank 0
+sends (``start``, ``eval``, ``checkpoint``), apart from processes and sockets.
+
+``ReportHandler`` keeps one trial's state (its curve, best value, deadline, last checkpoint,
+the reason it was last told to stop) and answers each report through what it is given: the
+trial to record on, a ``HeldWrites`` queue to the study store, and functions for the pruner's
+deadline, its decision and the study's time limit. The trial runner (``objective.py``) feeds it
+the channel's messages; tests feed it scripted ones.
+
+The rules it applies, in order, to an evaluation: record it (the curve row, the intermediate
+value, the elapsed time); with the store reachable, ask the pruner (``decisions.eval_reply``),
+else go on with the last deadline; a trial the registry gave up is stopped (``worker_lost``);
+one that goes on and has trained ``checkpoint_every_s`` since its last checkpoint is asked to
+save one and go on; every deadline is capped at the study's time limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import optuna
+
+from trainers import protocol
+
+from . import record
+from ._retry import StoreUnavailable
+from .decisions import curve_row, eval_writes
+
+__all__ = ["HeldWrites", "ReportHandler", "STORE_RETRY_S"]
+
+log = logging.getLogger("autotune")
+STORE_RETRY_S = 3.0       # a trial's writes wait this long after the store failed to answer
+
+Reply = dict[str, Any]
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class HeldWrites:
+    """A trial's writes to the study store, in order, held while the store is out of reach (a
+    restarting study server or database) and delivered when it is back; the trainer goes on
+    meanwhile. ``patience(seconds)`` bounds each delivery; ``given_up`` turns true when the
+    store says the trial was ended elsewhere (the registry gave its worker up)."""
+
+    def __init__(self, patience: Callable[[float | None], Any], number: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._patience, self._number, self._clock = patience, number, clock
+        self.pending: list[Callable[[], Any]] = []
+        self.given_up = False
+        self._retry_at = 0.0
+
+    def add(self, *writes: Callable[[], Any]) -> None:
+        self.pending.extend(writes)
+
+    def flush(self, patience: float | None) -> bool:
+        """Delivers what waits; False when the store did not answer (tried again only after
+        STORE_RETRY_S). ``patience`` None: the store's own, which rides out a restart."""
+        if patience is not None and self._clock() < self._retry_at:
+            return False
+        try:
+            with self._patience(patience):
+                while self.pending:
+                    self.pending[0]()
+                    self.pending.pop(0)
+            return True
+        except StoreUnavailable:
+            self._retry_at = self._clock() + STORE_RETRY_S
+            return False
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Failed and queued to resume elsewhere while this worker looked lost: its records
+            # end here; the trainer is stopped at its next report.
+            log.warning("trial %d was given up by the registry; stopping it here", self._number)
+            self.pending.clear()
+            self.given_up = True
+            return True
+
+
+class ReportHandler:
+    """One trial's answers to its reports (see the module docstring).
+
+    ``deadline(last)``: the pruner's deadline, ``last`` while the store is away;
+    ``decide(msg, last)``: the pruner's reply to an evaluation; ``cap(reply, elapsed)``: the
+    reply with its deadline no later than the study's time limit; ``listeners``: called with
+    ``(kind, message)`` for each start, eval and checkpoint report (MLflow, the registry)."""
+
+    def __init__(self, trial: Any, writes: HeldWrites, *, metric: str, planned_epochs: float,
+                 checkpoint_every_s: float, deadline: Callable[[float | None], float | None],
+                 decide: Callable[[dict[str, Any], float | None], Reply],
+                 cap: Callable[[Reply, float], Reply],
+                 listeners: tuple[Listener, ...] = ()) -> None:
+        self.trial, self.writes = trial, writes
+        self.metric, self.planned_epochs = metric, planned_epochs
+        self.every = float(checkpoint_every_s)
+        self._deadline_of, self._decide, self._cap = deadline, decide, cap
+        self.listeners = listeners
+        self.best, self.evals = 0.0, 0
+        self.curve: list[list[Any]] = []
+        self.stop_reason = ""
+        self.deadline: float | None = None
+        self.serves = True        # the start report says whether the ranks wait for a plan
+        self.saved_at = float(trial.user_attrs.get(record.RESUME_ELAPSED) or 0.0)
+
+    def _tell(self, kind: str, msg: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            listener(kind, msg)
+
+    def start(self, msg: dict[str, Any]) -> Reply:
+        """The start report: record how setup went; go, with the study's deadline."""
+        self.serves = bool(msg.get("serves", True))
+        attr = partial(partial, self.trial.set_user_attr)
+        self.writes.add(attr(record.SETUP_S, msg.get("setup_s")),
+                        attr(record.HOSTS, msg.get("hosts", [])),
+                        attr(record.TRAINER_PID, msg.get("pid")),
+                        attr(record.RANKS_TRIAL, msg.get("served", 1)))
+        if msg.get("setup_phases"):
+            self.writes.add(attr(record.SETUP_PHASES, msg["setup_phases"]))
+        if msg.get("augment"):
+            self.writes.add(attr(record.AUGMENT, msg["augment"]))
+        self._tell("start", msg)
+        if self.writes.flush(0):
+            self.deadline = self._deadline_of(self.deadline)
+        return self._cap(protocol.go(self.deadline), float(msg.get("resumed_at_s") or 0.0))
+
+    def eval(self, msg: dict[str, Any]) -> Reply:
+        """An evaluation report: record it, then go on, stop, or checkpoint and go on."""
+        self.evals += 1
+        value = float(msg[self.metric])
+        self.best = max(self.best, value) if math.isfinite(value) else self.best
+        self.curve.append(curve_row(msg, self.planned_epochs))
+        self.writes.add(*eval_writes(self.trial, msg, self.metric, self.curve))
+        self._tell("eval", msg)
+        if self.writes.flush(0):
+            reply = self._decide(msg, self.deadline)
+        else:   # the study store is away: no decision without it; go on
+            reply = protocol.go(self.deadline)
+        if self.writes.given_up:
+            reply = protocol.stop("worker_lost", self.deadline)
+        self.deadline = reply["deadline_s"]
+        self.stop_reason = reply["reason"] or self.stop_reason
+        elapsed = float(msg["elapsed_s"])
+        if reply["action"] == "continue" and self.every > 0 and \
+                elapsed - self.saved_at >= self.every:
+            reply = {**reply, "action": "checkpoint"}   # saved, and the trial goes on
+        return self._cap(reply, elapsed)
+
+    def checkpoint(self, msg: dict[str, Any]) -> Reply:
+        """A periodic checkpoint was saved: record where, and acknowledge."""
+        self.saved_at = float(msg["elapsed_s"])
+        self.writes.add(partial(self.trial.set_user_attr, record.CHECKPOINT, msg["path"]),
+                        partial(self.trial.set_user_attr, record.CHECKPOINT_ELAPSED,
+                                self.saved_at))
+        self._tell("checkpoint", msg)
+        self.writes.flush(0)
+        return protocol.ACK
+
+    def answer(self, msg: dict[str, Any]) -> Reply | None:
+        """The reply to any report but the end (None for a type it does not know)."""
+        handler = {"start": self.start, "eval": self.eval,
+                   "checkpoint": self.checkpoint}.get(str(msg.get("type")))
+        return None if handler is None else handler(msg)
