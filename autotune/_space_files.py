@@ -1,0 +1,134 @@
+"""Search spaces as files: loading a shipped space or a user's Python file (sized to the
+ranks and, where its function takes them, the study's data), and the checks a built space gets
+before a study is written (see ``autotune.space`` for the API)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._params import Categorical, Fixed, InfeasiblePoint
+from ._searchspace import SearchSpace, _import_file
+from .errors import SpaceError
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a study's data are, for a space that sizes itself to them: ``space(world_size,
+    data)``. Counted from the data before anything is written (an ImageFolder's files are
+    counted, no image is decoded)."""
+
+    train_images: int
+    num_classes: int
+    image_size: int
+    kind: str = "imagefolder"
+
+
+def _takes_data(function: Callable[..., Any]) -> bool:
+    """Whether a space function takes the data as well as the world size."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def check_space(space: SearchSpace, points: int = 64) -> list[str]:
+    """Problems a built space can still have: names the training plan does not know, and a
+    space none of ``points`` random points of which is feasible (a derived value that always
+    fails, such as one out of range, or constraints nothing meets): found here, before a
+    study is written, not after its first hundred draws."""
+    import optuna
+
+    from .plan import name_problems, value_problems
+
+    if space.define_by_run is not None:  # it may set any name; the plan checks each trial
+        return []
+    problems = name_problems([p.name for p in space.params] + [d.name for d in space.derived])
+    for p in space.params:
+        if isinstance(p, Categorical):
+            problems.extend(value_problems(p.name, p.choices))
+        elif isinstance(p, Fixed):
+            problems.extend(value_problems(p.name, [p.value]))
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)   # no "study created" line
+    try:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    why = None
+    for _ in range(points):
+        trial = study.ask()
+        try:
+            space.sample(trial)
+            why = None
+            break
+        except InfeasiblePoint as e:
+            why = str(e)
+        except SpaceError as e:
+            problems.append(str(e))
+            break
+        except (ValueError, ArithmeticError, TypeError, KeyError) as e:
+            problems.append(f"evaluating the space at a sampled point failed: "
+                            f"{type(e).__name__}: {e}")
+            break
+        finally:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    if why is not None:
+        problems.append(f"none of {points} random points is feasible; the last: {why}")
+    return problems
+
+
+def shipped_spaces() -> list[str]:
+    """Names of the spaces in ``search_spaces/``."""
+    import search_spaces
+
+    folder = Path(search_spaces.__file__).parent
+    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+
+
+def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1,
+               data: DataInfo | None = None) -> SearchSpace:
+    """The space ``ref`` names: a shipped space or a Python file defining ``space``.
+
+    ``space`` is a :class:`SearchSpace`, or a function that returns one, of the world size, or
+    of the world size and the study's data (a :class:`DataInfo`; None where no study is at
+    hand, as in ``autotune space show``, when the space picks its own stand-in).
+    """
+    import search_spaces
+
+    path = Path(ref)
+    if ref in shipped_spaces():
+        path = Path(search_spaces.__file__).parent / f"{ref}.py"
+    elif not path.is_absolute():
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise SpaceError(f"search space {ref!r} not found; give a Python file or a shipped "
+                         f"space ({', '.join(shipped_spaces())})")
+    module = _import_file(path)
+    space = getattr(module, "space", None)
+    if callable(space) and not isinstance(space, SearchSpace):
+        try:
+            space = space(world_size, data) if _takes_data(space) else space(world_size)
+        except SpaceError as e:
+            raise SpaceError(f"{path}: {e}",
+                             problems=[f"{path}: {p}" for p in e.problems]) from e
+        except Exception as e:
+            raise SpaceError(f"{path}: space({world_size}) raised {type(e).__name__}: {e}") from e
+    if not isinstance(space, SearchSpace):
+        raise SpaceError(f"{path}: must define `space`, a SearchSpace or a function of the world"
+                         " size returning one")
+    if not space.name:
+        space.name = path.stem
+    space.source_file = str(path.resolve())
+    if space.world_size != world_size:  # built without it: validate for the real ranks
+        space.world_size = world_size
+        problems = space._problems()
+        if problems:
+            raise SpaceError(f"{path}: {problems[0]}", problems=[f"{path}: {p}" for p in problems])
+    return space
