@@ -30,6 +30,10 @@ __all__ = ["LOOPBACK", "SCHEME", "Address", "ServerSecurity", "client_token", "i
            "open_channel", "parse_address", "read_token_file", "refused"]
 
 SCHEME = "autotune://"
+# gRPC metadata a study server honours: the trial states the caller wants. The reply holds the
+# trials that finished, those new to the client and those in these states; not every running
+# trial again (store.py sends it, server.py reads it).
+STATES_KEY = "autotune-states"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TOKEN_ENV = "AUTOTUNE_SERVER_TOKEN"
 TOKEN_FILE_ENV = "AUTOTUNE_SERVER_TOKEN_FILE"

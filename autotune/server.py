@@ -25,7 +25,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import record
-from ._channel import LOOPBACK, Address, ServerSecurity, check_port, is_server_url
+from ._channel import (
+    LOOPBACK,
+    STATES_KEY,
+    Address,
+    ServerSecurity,
+    check_port,
+    is_server_url,
+)
 from ._retry import RetryingStorage
 from .config import database_url, redact
 from .control import RECONNECT_GRACE
@@ -241,7 +248,7 @@ class _SaysUnavailable:
         # autotune's own clients name the states they want: they get those, the trials that
         # finished, and the trials new to them; not every running trial again.
         states = next((value for key, value in context.invocation_metadata() or ()
-                       if key == "autotune-states"), None)
+                       if key == STATES_KEY), None)
         keep = None if states is None else set(states.split(","))
         out = []
         for t in trials:

@@ -44,7 +44,7 @@ def _workers(url: str, study: str) -> list[dict[str, Any]]:
 
 
 def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> int:
-    from .study import open_storage
+    from .store import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_storage(storage, create=False)   # a missing study creates nothing

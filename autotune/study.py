@@ -16,13 +16,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from . import record
-from ._channel import Address, is_server_url, open_channel, parse_address, refused
+from ._channel import is_server_url
 from ._preflight import check_ranks, check_writable
 from .config import (
     StudyConfig,
     cadence_warning,
     config_changes,
-    database_url,
     redact,
     resolve_tracking_uri,
 )
@@ -33,143 +32,12 @@ from .errors import ConfigError, PlanError, SpaceError
 from .objective import TrialResult, TrialRunner, make_pruner, make_sampler
 from .plan import Hardware, resolve
 from .space import DataInfo, SearchSpace, check_space, load_space
+from .store import open_storage
 from .tracking import Tracker, ui_command
 
-__all__ = ["run_study", "open_storage", "format_result"]
+__all__ = ["run_study", "open_storage", "format_result"]   # open_storage: from .store
 
 Print = Callable[[str], None]
-
-
-def _require_existing(url: str) -> None:
-    """A one-line error, and nothing created, when the database at ``url`` holds no studies:
-    an SQLite file that is not there, or a database without Optuna's tables."""
-    import sqlalchemy
-
-    db = database_url(url)
-    if db.startswith("sqlite:///") and db != "sqlite:///:memory:":
-        path = Path(db.removeprefix("sqlite:///"))
-        if not path.is_file():
-            raise ConfigError(f"no study database at {path}; start a study there first "
-                              "(autotune start study FILE --storage ...)")
-        return
-    try:
-        engine = sqlalchemy.create_engine(db)
-        try:
-            has = sqlalchemy.inspect(engine).has_table("studies")
-        finally:
-            engine.dispose()
-    except Exception as e:  # noqa: BLE001 - any driver error: say it in one line
-        first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot open storage {redact(url)!r}: {redact(first)}") from e
-    if not has:
-        raise ConfigError(f"no autotune studies in {redact(url)} (it has no study tables); "
-                          "start a study there first (autotune start study FILE --storage "
-                          "...)")
-
-
-def open_storage(url: str, create: bool = True) -> Any:
-    """Optuna's storage for ``url``: a database, or a study server (``autotune://HOST:PORT``,
-    Optuna's gRPC proxy); either way riding out a restart of the other end. A one-line error
-    if it cannot be reached now. ``create=False`` (joining or reading a study): a database
-    that holds no studies is refused before anything is created in it."""
-    from ._retry import RetryingStorage
-
-    if is_server_url(url):
-        address = parse_address(url)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                proxy = _ServerProxy(host=address.host, port=address.port)
-                proxy.get_all_studies()  # fails now, not in the middle of a study
-        except ConfigError:
-            raise
-        except Exception as e:
-            why = refused(e)
-            if why:
-                raise ConfigError(f"the study server at {address} {why}") from None
-            first = " ".join(str(e).split())[:200]
-            raise ConfigError(f"cannot reach the study server at {address}: {first}; is "
-                              "`autotune server` running there?") from e
-        return RetryingStorage(proxy,  # type: ignore[abstract]
-                               f"the study server at {address}")
-    if not create:
-        _require_existing(url)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rdb = optuna.storages.RDBStorage(database_url(url),
-                                             engine_kwargs={"pool_pre_ping": True})
-    except Exception as e:
-        first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot open storage {redact(url)!r}: {redact(first)}") from e
-    return RetryingStorage(rdb, f"the study database {redact(url)}")  # type: ignore[abstract]
-
-
-class _ServerProxy(optuna.storages.GrpcStorageProxy):
-    """Optuna's gRPC client, reconnecting within 2 s once a restarted server is back (gRPC's
-    default backoff grows to 2 minutes), with a trial cache that asks only for the states its
-    caller wants (finished trials for a pruning decision, waiting ones for the next trial):
-    Optuna's own cache fetches every running trial of the study on every call, which grows as
-    the square of the number of workers."""
-
-    def _setup(self) -> None:
-        from optuna.storages._grpc.auto_generated import api_pb2_grpc
-
-        self._channel = open_channel(Address(self._host, self._port))
-        self._stub = api_pb2_grpc.StorageServiceStub(self._channel)
-        self._cache = _FinishedFirstCache(self._stub)
-
-
-def _finished_first_cache() -> type:
-    from optuna.storages._grpc.auto_generated import api_pb2
-    from optuna.storages._grpc.client import GrpcClientCache, GrpcClientCacheEntry
-    from optuna.storages._grpc.servicer import _from_proto_trial
-
-    class FinishedFirstCache(GrpcClientCache):
-        def get_all_trials(self, study_id: int, states: Any) -> list[FrozenTrial]:
-            with self.lock:
-                fresh = self._read(study_id, states)
-                study = self.studies[study_id]
-                if states is None:
-                    trials = list(study.trials.values())
-                else:  # finished ones from the cache; others as the server has them now
-                    trials = [t for t in study.trials.values()
-                              if t.state.is_finished() and t.state in states]
-                    trials += [t for t in fresh if not t.state.is_finished()
-                               and t.state in states]
-                return sorted(trials, key=lambda t: t.number)
-
-        def _read(self, study_id: int, states: Any) -> list[FrozenTrial]:
-            import grpc
-
-            if study_id not in self.studies:
-                self.studies[study_id] = GrpcClientCacheEntry()
-            study = self.studies[study_id]
-            request = api_pb2.GetTrialsRequest(
-                study_id=study_id, included_trial_ids=study.unfinished_trial_ids,
-                trial_id_greater_than=study.last_finished_trial_id)
-            metadata = None if states is None else [
-                (STATES_KEY, ",".join(TrialState(s).name for s in states))]
-            try:
-                reply = self.grpc_client.GetTrials(request, metadata=metadata)
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.NOT_FOUND:
-                    self.studies.pop(study_id, None)
-                    raise KeyError from e
-                raise
-            fresh = [_from_proto_trial(proto) for proto in reply.trials]
-            for trial in fresh:
-                self._add_trial_to_cache(study_id, trial)
-            return fresh
-
-    return FinishedFirstCache
-
-
-# gRPC metadata a study server honours: the states the caller wants. The reply holds the
-# trials that finished, those new to the client and those in these states; not every running
-# trial again.
-STATES_KEY = "autotune-states"
-_FinishedFirstCache = _finished_first_cache()
 
 
 def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:

@@ -23,7 +23,8 @@ from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
 from .objective import TrialRunner, make_pruner, make_sampler
 from .space import SearchSpace
-from .study import format_result, open_storage, quiet_libraries
+from .store import open_storage
+from .study import format_result, quiet_libraries
 from .tracking import Tracker
 
 __all__ = ["run_worker"]

@@ -62,7 +62,7 @@ def _storage(mode: str, target: str) -> Any:
     import optuna
 
     if mode == "server":  # the client autotune's workers use (no retries: errors count)
-        from autotune.study import open_storage
+        from autotune.store import open_storage
 
         return open_storage(f"autotune://{target}").inner
     return optuna.storages.RDBStorage(target)

@@ -17,7 +17,7 @@ import pytest
 
 from autotune.control import ControlClient
 from autotune.errors import ConfigError
-from autotune.study import open_storage
+from autotune.store import open_storage
 
 from ._services import autotune, free_port, wait_for_port
 from .conftest import run_cli
