@@ -1,5 +1,6 @@
 """Checks of this machine that a study or worker makes before it writes anything: the folders it
-will write can be made, and the ranks it will start fit the cores or GPUs it has.
+will write can be made, and the ranks it will start fit the cores or GPUs it has; and the
+largest micro-batch that fits this machine's device memory (``probe_micro_batch``).
 
 Each raises a one-line :class:`ConfigError` that says what is wrong and what to do; none
 leaves anything behind (a folder is probed by making and removing a temporary one inside its
@@ -7,15 +8,23 @@ nearest existing parent)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .errors import ConfigError
+from .errors import AutotuneError, ConfigError
+from .launch import trainer_env, trainer_path
 
-__all__ = ["check_ranks", "check_writable"]
+if TYPE_CHECKING:
+    from .config import StudyConfig
+
+__all__ = ["check_ranks", "check_writable", "probe_micro_batch"]
+log = logging.getLogger("autotune")
 
 
 def _is_url(text: str) -> bool:
@@ -69,3 +78,32 @@ def check_ranks(device: str, ranks: int, workers: int, oversubscribe: bool,
                           f"this machine has {slots} {what}: lower ranks_per_trial or "
                           f"workers, run workers on more machines, or set {flag} to share "
                           "them on purpose")
+
+
+def probe_micro_batch(cfg: StudyConfig, ranks: int) -> int:
+    """The largest micro-batch (up to the configured cap) whose training step fits in one
+    device's memory, measured by ``trainers/probe.py`` on this machine."""
+    import subprocess
+    import sys
+
+    data = cfg.trainer.data
+    command = [sys.executable, str(trainer_path("probe")), "--model", cfg.trainer.model,
+               "--num-classes", str(cfg.trainer.num_classes),
+               "--image-size", str(int(data.get("image_size", 224))),
+               "--start", str(cfg.trainer.max_micro_batch), "--device", cfg.device,
+               "--precision", cfg.trainer.precision, "--ranks", str(ranks)]
+    done = subprocess.run(command, env=trainer_env(cfg.device, 1), capture_output=True,
+                          text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = " ".join(done.stderr.strip().splitlines()[-1:])[:300]
+        raise AutotuneError(f"the micro-batch memory probe failed (exit code "
+                            f"{done.returncode}): {tail or 'no message'}")
+    found = json.loads(lines[-1])
+    if int(found["micro_batch"]) < 1:
+        raise AutotuneError(f"not even 2 images of {cfg.trainer.model} at "
+                            f"{data.get('image_size', 224)} px train within "
+                            f"{found['budget_bytes'] / 2**30:.1f} GiB on {cfg.device}; use a "
+                            "smaller model or image size")
+    log.info("memory probe: micro-batch %s fits (%s)", found["micro_batch"], found["tried"])
+    return int(found["micro_batch"])

@@ -4,7 +4,7 @@ sends (``start``, ``eval``, ``checkpoint``), apart from processes and sockets.
 ``ReportHandler`` keeps one trial's state (its curve, best value, deadline, last checkpoint,
 the reason it was last told to stop) and answers each report through what it is given: the
 trial to record on, a ``HeldWrites`` queue to the study store, and functions for the pruner's
-deadline, its decision and the study's time limit. The trial runner (``objective.py``) feeds it
+deadline, its decision and the study's time limit. The trial runner (``trial_runner.py``) feeds it
 the channel's messages; tests feed it scripted ones.
 
 The rules it applies, in order, to an evaluation: record it (the curve row, the intermediate
@@ -30,8 +30,9 @@ from trainers import protocol
 from . import record
 from ._retry import StoreUnavailable
 from .decisions import curve_row, eval_writes
+from .launch import ReportChannel
 
-__all__ = ["HeldWrites", "ReportHandler", "STORE_RETRY_S"]
+__all__ = ["HeldWrites", "ReportHandler", "STORE_RETRY_S", "setup_whereabouts"]
 
 log = logging.getLogger("autotune")
 STORE_RETRY_S = 3.0       # a trial's writes wait this long after the store failed to answer
@@ -162,3 +163,20 @@ class ReportHandler:
         handler = {"start": self.start, "eval": self.eval,
                    "checkpoint": self.checkpoint}.get(str(msg.get("type")))
         return None if handler is None else handler(msg)
+
+
+SETUP_PHASES = {"distributed": "starting the process group",
+                "data": "opening the data source", "model": "building the model",
+                "engine": "setting up DeepSpeed's engine",
+                "resume": "loading the checkpoint it resumes from"}
+
+
+def setup_whereabouts(channel: ReportChannel, launched_at: float) -> str:
+    """Where a trainer's setup was, from its last setup note: for a setup_timeout's detail."""
+    note, at = channel.setup_note, channel.setup_note_at
+    if note is None or at is None:
+        return ("it never reported a setup phase (still launching: the launcher starting its "
+                "ranks, or their imports)")
+    phase = str(note.get("phase"))
+    return (f"it was {SETUP_PHASES.get(phase, phase)} (phase {phase!r}, entered "
+            f"{at - launched_at:.0f} s after the launch)")

@@ -1,6 +1,6 @@
 """What a worker decides about a trial, as pieces free of processes and sockets.
 
-The worker's trial runner (``objective.TrialRunner``) and the replay (``autotune.replay``)
+The worker's trial runner (``trial_runner.TrialRunner``) and the replay (``autotune.replay``)
 both call these, so a replayed study makes exactly the decisions a real one makes:
 
 * ``curve_row`` and ``eval_writes``: what the study store records of an evaluation report;

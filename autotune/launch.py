@@ -422,7 +422,7 @@ def run_plan(plan: dict[str, Any], folder: Path, *, answer: Answer = keep_going,
              shadow_mlflow: bool = True) -> tuple[list[dict[str, Any]], TrainerProcess]:
     """Runs ``plan`` on its ranks under the launcher, answering each report with ``answer``;
     returns every message and the (finished) process. For benchmarks and tests; the worker's
-    own loop lives in ``autotune.objective``."""
+    own loop lives in ``autotune.trial_runner``."""
     folder.mkdir(parents=True, exist_ok=True)
     plan_path = folder / "plan.json"
     plan_path.write_text(json.dumps(plan))

@@ -29,11 +29,11 @@ from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, regist
 from .db import utcnow
 from .decisions import elapsed_of
 from .errors import ConfigError, PlanError, SpaceError
-from .objective import TrialResult, TrialRunner, make_pruner, make_sampler
 from .plan import Hardware, resolve
 from .space import DataInfo, SearchSpace, check_space, load_space
 from .store import open_storage
 from .tracking import Tracker, ui_command
+from .trial_runner import TrialResult, TrialRunner, make_pruner, make_sampler
 
 __all__ = ["run_study", "open_storage", "format_result"]   # open_storage: from .store
 

@@ -21,11 +21,11 @@ from ._preflight import check_ranks, check_writable
 from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
-from .objective import TrialRunner, make_pruner, make_sampler
 from .space import SearchSpace
 from .store import open_storage
 from .study import format_result, quiet_libraries
 from .tracking import Tracker
+from .trial_runner import TrialRunner, make_pruner, make_sampler
 
 __all__ = ["run_worker"]
 

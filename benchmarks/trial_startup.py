@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 
 from autotune.config import load as load_config  # noqa: E402
-from autotune.objective import TrialRunner, make_pruner, make_sampler  # noqa: E402
 from autotune.space import load_space  # noqa: E402
+from autotune.trial_runner import TrialRunner, make_pruner, make_sampler  # noqa: E402
 
 PARAMS = {"global_batch": 512, "lr_per_256": 0.05, "warmup_epochs": 0.0, "decay": "cosine",
           "label_smoothing": 0.0, "epochs": 3}

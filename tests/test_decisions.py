@@ -21,9 +21,9 @@ from optuna.trial import TrialState, create_trial
 from autotune.config import StudyConfig
 from autotune.decisions import TrialResult, classify, curve_row
 from autotune.launch import ReportChannel
-from autotune.objective import TrialRunner, make_pruner, make_sampler
 from autotune.replay import Replay, Run, Table
 from autotune.space import load_space
+from autotune.trial_runner import TrialRunner, make_pruner, make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 PLAYER = Path(__file__).resolve().parent / "_report_player.py"

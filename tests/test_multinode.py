@@ -87,8 +87,8 @@ def test_a_bad_hostfile_names_the_line(tmp_path, text):
 
 def test_a_worker_with_a_hostfile_launches_each_trial_across_its_nodes_over_ssh(tmp_path):
     from autotune.config import StudyConfig
-    from autotune.objective import TrialRunner
     from autotune.space import load_space
+    from autotune.trial_runner import TrialRunner
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("gpu-a slots=8\ngpu-b slots=8\n")

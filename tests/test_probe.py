@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
+from autotune._preflight import probe_micro_batch
 from autotune.config import StudyConfig
 from autotune.errors import AutotuneError
 from autotune.launch import trainer_env, trainer_path
-from autotune.objective import TrialRunner, probe_micro_batch
 from autotune.space import load_space
+from autotune.trial_runner import TrialRunner
 
 
 def probe(*args):

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from autotune.config import StudyConfig
-from autotune.objective import TrialRunner, make_pruner, make_sampler
 from autotune.space import load_space
+from autotune.trial_runner import TrialRunner, make_pruner, make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

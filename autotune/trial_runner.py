@@ -1,4 +1,5 @@
-"""One trial, start to end: sample, plan, launch, follow its reports, record its outcome.
+"""The trial runner: one trial, start to end: sample, plan, launch, follow its reports, record
+its outcome.
 
 The decisions (what a report records, go on or stop, the outcome and how it is told to Optuna)
 are ``autotune.decisions``, which the replay (``autotune.replay``) calls too; this module holds
@@ -25,7 +26,8 @@ from trainers import protocol
 
 from . import record
 from ._ops import ensure_cpu_ops
-from ._reports import HeldWrites, ReportHandler
+from ._preflight import probe_micro_batch
+from ._reports import HeldWrites, ReportHandler, setup_whereabouts
 from ._retry import StoreUnavailable
 from .config import StudyConfig
 from .decisions import (
@@ -87,52 +89,6 @@ def make_sampler(cfg: StudyConfig, seed: int | None) -> optuna.samplers.BaseSamp
     if cfg.pruner == "tta":
         return ExploringTPESampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
-
-
-def probe_micro_batch(cfg: StudyConfig, ranks: int) -> int:
-    """The largest micro-batch (up to the configured cap) whose training step fits in one
-    device's memory, measured by ``trainers/probe.py`` on this machine."""
-    import subprocess
-    import sys
-
-    data = cfg.trainer.data
-    command = [sys.executable, str(trainer_path("probe")), "--model", cfg.trainer.model,
-               "--num-classes", str(cfg.trainer.num_classes),
-               "--image-size", str(int(data.get("image_size", 224))),
-               "--start", str(cfg.trainer.max_micro_batch), "--device", cfg.device,
-               "--precision", cfg.trainer.precision, "--ranks", str(ranks)]
-    done = subprocess.run(command, env=trainer_env(cfg.device, 1), capture_output=True,
-                          text=True, timeout=600)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = " ".join(done.stderr.strip().splitlines()[-1:])[:300]
-        raise AutotuneError(f"the micro-batch memory probe failed (exit code "
-                            f"{done.returncode}): {tail or 'no message'}")
-    found = json.loads(lines[-1])
-    if int(found["micro_batch"]) < 1:
-        raise AutotuneError(f"not even 2 images of {cfg.trainer.model} at "
-                            f"{data.get('image_size', 224)} px train within "
-                            f"{found['budget_bytes'] / 2**30:.1f} GiB on {cfg.device}; use a "
-                            "smaller model or image size")
-    log.info("memory probe: micro-batch %s fits (%s)", found["micro_batch"], found["tried"])
-    return int(found["micro_batch"])
-
-
-SETUP_PHASES = {"distributed": "starting the process group",
-                "data": "opening the data source", "model": "building the model",
-                "engine": "setting up DeepSpeed's engine",
-                "resume": "loading the checkpoint it resumes from"}
-
-
-def setup_whereabouts(channel: ReportChannel, launched_at: float) -> str:
-    """Where a trainer's setup was, from its last setup note: for a setup_timeout's detail."""
-    note, at = channel.setup_note, channel.setup_note_at
-    if note is None or at is None:
-        return ("it never reported a setup phase (still launching: the launcher starting its "
-                "ranks, or their imports)")
-    phase = str(note.get("phase"))
-    return (f"it was {SETUP_PHASES.get(phase, phase)} (phase {phase!r}, entered "
-            f"{at - launched_at:.0f} s after the launch)")
 
 
 class TrialRunner:
