@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +18,17 @@ from .errors import AutotuneError
 __all__ = ["main"]
 
 Command = Callable[[argparse.Namespace], int]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: the running trial is ended and recorded, nothing is left
+    running, and the study can be resumed."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 
 
 def _start_study(args: argparse.Namespace) -> int:
@@ -31,6 +43,7 @@ def _start_study(args: argparse.Namespace) -> int:
                  "warm_start": False if args.no_warm_start else None,
                  "oversubscribe": True if args.oversubscribe else None}
     cfg = config.load(args.config, overrides)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     return study.run_study(cfg, accept_changes=args.accept_changes)
 
 
@@ -309,10 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the output went to a pipe that closed (| head): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
-        print("autotune: interrupted; the running trial is marked failed and the study can be "
+    except KeyboardInterrupt as e:
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"autotune: {how}; the running trial is marked failed and the study can be "
               "resumed with the same command", file=sys.stderr)
-        return 130
+        return 143 if isinstance(e, Terminated) else 130
     return code
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,3 +119,44 @@ def test_a_killed_worker_takes_its_launcher_and_ranks_with_it(tmp_path):
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def _trainers_under(folder: Path) -> list[list[str]]:
+    return [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and any(str(folder) in a for a in p.info["cmdline"])
+            and any("image_classifier" in a or "trainers._launch" in a
+                    for a in p.info["cmdline"])]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_to_start_study_ends_its_trial_and_leaves_nothing_running(
+        tmp_path, sig):
+    """`autotune start study` stopped by Ctrl-C (SIGINT) or a SIGTERM while a trial trains:
+    one line saying so and how to resume, exit 130 or 143, the trial recorded as failed, and no
+    launcher or rank left behind."""
+    import optuna
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    study = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "start", "study", "quickstart", "--n-trials", "3",
+         "--max-trial-seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not _trainers_under(tmp_path):
+            time.sleep(0.5)
+        assert _trainers_under(tmp_path), "no trial started"
+        time.sleep(2)
+        study.send_signal(sig)
+        _, err = study.communicate(timeout=120)
+    finally:
+        if study.poll() is None:
+            study.kill()
+    assert study.returncode == (130 if sig == signal.SIGINT else 143), err[-2000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].endswith("the study can be resumed with the same command")
+    time.sleep(2)
+    assert not _trainers_under(tmp_path)
+    trials = optuna.load_study(study_name="quickstart",
+                               storage=f"sqlite:///{tmp_path / 'autotune.db'}").trials
+    assert trials and trials[-1].state.name == "FAIL"
