@@ -4,9 +4,11 @@
 
 The plan (JSON, written by autotune's worker) fixes everything: model, data, global batch as
 micro-batch x accumulation x world size, optimizer, peak LR and schedule, label smoothing,
-target, evaluation frequency, time limits, precision, and where to checkpoint. Rank 0 reports
-every evaluation through :mod:`trainers.reporter` (``--report-to HOST:PORT``; without it,
-JSON lines on stdout).
+target, evaluation frequency, time limits, precision, augmentation, and where to checkpoint
+(its keys: :class:`trainers.protocol.Plan`). Rank 0 notes each setup phase and reports every
+evaluation through :mod:`trainers.reporter` (``--report-to HOST:PORT``; without it, JSON lines
+on stdout). With no evaluation cadence in the plan, it evaluates after every epoch and, within
+an epoch, as :func:`trainers.schedule.eval_interval` says (often enough for the trial's cap).
 
 Time accounting: the clock starts when rank 0 begins the first training step, after the
 process group, model and data are ready (that setup is ``setup_s``). Evaluation time counts.
