@@ -28,11 +28,11 @@ import optuna
 from trainers import protocol
 
 from . import record
+from ._process import ReportChannel
 from ._retry import StoreUnavailable
 from .decisions import curve_row, eval_writes
-from .launch import ReportChannel
 
-__all__ = ["HeldWrites", "ReportHandler", "STORE_RETRY_S", "setup_whereabouts"]
+__all__ = ["HeldWrites", "ReportHandler", "STORE_RETRY_S", "limit_detail", "setup_whereabouts"]
 
 log = logging.getLogger("autotune")
 STORE_RETRY_S = 3.0       # a trial's writes wait this long after the store failed to answer
@@ -102,7 +102,7 @@ class ReportHandler:
         self.curve: list[list[Any]] = []
         self.stop_reason = ""
         self.deadline: float | None = None
-        self.serves = True        # the start report says whether the ranks wait for a plan
+        self.serves = False       # the start report says whether the ranks wait for a plan
         self.saved_at = float(trial.user_attrs.get(record.RESUME_ELAPSED) or 0.0)
 
     def _tell(self, kind: str, msg: dict[str, Any]) -> None:
@@ -111,7 +111,7 @@ class ReportHandler:
 
     def start(self, msg: dict[str, Any]) -> Reply:
         """The start report: record how setup went; go, with the study's deadline."""
-        self.serves = bool(msg.get("serves", True))
+        self.serves = bool(msg.get("serves", False))
         attr = partial(partial, self.trial.set_user_attr)
         self.writes.add(attr(record.SETUP_S, msg.get("setup_s")),
                         attr(record.HOSTS, msg.get("hosts", [])),
@@ -180,3 +180,18 @@ def setup_whereabouts(channel: ReportChannel, launched_at: float) -> str:
     phase = str(note.get("phase"))
     return (f"it was {SETUP_PHASES.get(phase, phase)} (phase {phase!r}, entered "
             f"{at - launched_at:.0f} s after the launch)")
+
+
+def limit_detail(result: Any, phase: str, setup_limit: float, training_limit: float,
+                 channel: ReportChannel, launched_at: float) -> None:
+    """Says on ``result`` that its trainer was killed at a limit, and which: setup's (where the
+    setup was) or training's (no report for that long: hung)."""
+    if phase == "setup":
+        result.reason = "setup_timeout"
+        result.detail = (f"the trainer did not finish setting up within {setup_limit:.0f} s of "
+                         f"its launch (trainer.setup_limit_s); "
+                         f"{setup_whereabouts(channel, launched_at)}; raise the limit where a "
+                         f"first setup is slow. {result.detail}")
+    else:
+        result.detail = (f"no report for {training_limit:.0f} s of training (2 x max_trial_s "
+                         f"+ 60 s): stopped as hung. {result.detail}")

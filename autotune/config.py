@@ -65,8 +65,8 @@ class TrainerConfig:
                                             # many training seconds, so a trial whose worker
                                             # dies resumes from there; 0: only on SIGTERM
     warm_ranks: bool = True                 # keep a worker's trainer ranks between its trials
-                                            # (the program takes --serve); false: a fresh
-                                            # launch for every trial
+                                            # (when the program serves plans: its start
+                                            # report says so); false: a fresh launch each
 
 
 @dataclass(frozen=True)
@@ -292,8 +292,11 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(math.isfinite(t.checkpoint_every_s), "trainer.checkpoint_every_s",
           f"must be a number of seconds, got {t.checkpoint_every_s}")
     check(cfg.pruner_margin >= 1.0, "pruner_margin", f"must be >= 1.0, got {cfg.pruner_margin}")
-    check(cfg.pruner in ("tta", "median", "none"), "pruner",
-          f"{cfg.pruner!r} is not allowed; use tta, median or none")
+    from .modes import MODES
+
+    check(cfg.pruner in MODES, "pruner",
+          f"{cfg.pruner!r} is not allowed; use " + ", ".join(
+              f"{name} ({mode.about})" for name, mode in MODES.items()))
     check(cfg.trainer.precision in ("bf16", "fp32"), "trainer.precision",
           f"{cfg.trainer.precision!r} is not allowed; use bf16 or fp32")
     from .launch import bundled_trainers

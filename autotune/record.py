@@ -107,7 +107,7 @@ def reached(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
 
 def best_reached(trials: Iterable[FrozenTrial]) -> FrozenTrial | None:
     """The trial with the smallest TTA, or None when none reached."""
-    return min(reached(trials), key=lambda t: t.value, default=None)
+    return min(reached(trials), key=lambda t: float(t.value or 0.0), default=None)
 
 
 def resumption(lineage: Sequence[int], number: int, checkpoint: str | None,

@@ -27,13 +27,14 @@ from .config import (
 )
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
 from .db import utcnow
-from .decisions import elapsed_of
+from .decisions import TrialResult, elapsed_of
 from .errors import ConfigError, PlanError, SpaceError
+from .modes import make_pruner, make_sampler
 from .plan import Hardware, resolve
 from .space import DataInfo, SearchSpace, check_space, load_space
 from .store import open_storage
 from .tracking import Tracker, ui_command
-from .trial_runner import TrialResult, TrialRunner, make_pruner, make_sampler
+from .trial_runner import TrialRunner
 
 __all__ = ["run_study", "open_storage", "format_result"]   # open_storage: from .store
 
@@ -261,7 +262,8 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
                  todo: int | None, echo: Print) -> None:
     stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
     folder = tracker.folder
-    runner = TrialRunner(cfg, space, size, tracker, folder, stop_at, storage, session)
+    runner = TrialRunner(cfg, space, size, run_dir=folder, tracker=tracker, stop_at=stop_at,
+                         storage=storage, session=session)
     lock = threading.Lock()
     left = [todo]
 

@@ -21,11 +21,12 @@ from ._preflight import check_ranks, check_writable
 from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
+from .modes import make_pruner, make_sampler
 from .space import SearchSpace
 from .store import open_storage
 from .study import format_result, quiet_libraries
 from .tracking import Tracker
-from .trial_runner import TrialRunner, make_pruner, make_sampler
+from .trial_runner import TrialRunner
 
 __all__ = ["run_worker"]
 
@@ -64,7 +65,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     line's slots), started over ssh from this machine."""
     from trainers.sources import train_size
 
-    from .launch import sweep_orphaned_shm_buffers
+    from ._process import sweep_orphaned_shm_buffers
 
     quiet_libraries()
     sweep_orphaned_shm_buffers()  # left by an earlier worker on this machine killed with -9
@@ -82,8 +83,9 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
                             else storage)
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder / f"worker-{name}",
                       {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"})
-    runner = TrialRunner(cfg, space, train_size(cfg.trainer.data), tracker, folder, None,
-                         storage, session, hostfile=hostfile, ranks_per_node=ranks_per_node)
+    runner = TrialRunner(cfg, space, train_size(cfg.trainer.data), run_dir=folder,
+                         tracker=tracker, storage=storage, session=session, hostfile=hostfile,
+                         ranks_per_node=ranks_per_node)
     stopping = []
 
     def on_sigterm(*_: Any) -> None:  # checkpoint the running trial; it resumes elsewhere

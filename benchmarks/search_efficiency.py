@@ -174,7 +174,7 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False,
           "configurations already recorded", flush=True)
     # The first launch on a machine builds DeepSpeed's shared-memory op (a minute): not a
     # trial's start-up, so it happens here, unrecorded.
-    from autotune.launch import run_plan, serve_plans
+    from autotune.ranks import run_plan, serve_plans
 
     folder = Path("/tmp/autotune-record")
     run_plan(_plan(configs[0], 2.0), folder / "warm-up", timeout_s=300)

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from autotune.launch import keep_going, run_plan  # noqa: E402
 from autotune.plan import Hardware, resolve  # noqa: E402
+from autotune.ranks import keep_going, run_plan  # noqa: E402
 
 THREADS = os.cpu_count() or 1
 

@@ -31,8 +31,9 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 
 from autotune.config import load as load_config  # noqa: E402
+from autotune.modes import make_pruner, make_sampler  # noqa: E402
 from autotune.space import load_space  # noqa: E402
-from autotune.trial_runner import TrialRunner, make_pruner, make_sampler  # noqa: E402
+from autotune.trial_runner import TrialRunner  # noqa: E402
 
 PARAMS = {"global_batch": 512, "lr_per_256": 0.05, "warmup_epochs": 0.0, "decay": "cosine",
           "label_smoothing": 0.0, "epochs": 3}
@@ -52,8 +53,8 @@ class Worker:
         self.study = optuna.create_study(storage=f"sqlite:///{folder / 'study.db'}",
                                          sampler=make_sampler(self.cfg, 0),
                                          pruner=make_pruner(self.cfg))
-        self.runner = TrialRunner(self.cfg, load_space("quickstart", world_size=2), 1437, None,
-                                  folder / "runs", None)
+        self.runner = TrialRunner(self.cfg, load_space("quickstart", world_size=2), 1437,
+                                  run_dir=folder / "runs")
 
     def trial(self) -> tuple[float, float]:
         """Runs one trial; returns (start-up seconds, rank 0's set-up seconds)."""

@@ -6,8 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.launch import ReportChannel, TrainerProcess, keep_going, run_plan
+from autotune._process import ReportChannel, TrainerProcess
 from autotune.plan import Hardware, resolve
+from autotune.ranks import keep_going, run_plan
 
 Message = dict[str, Any]
 

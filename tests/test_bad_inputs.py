@@ -126,7 +126,7 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "heartbeat an hour": ("heartbeat_s: 3600\n", "heartbeat_s must be within [0.5, 600]"),
     "seed text": ("seed: x\n", "seed must be a whole number, got 'x'"),
     "seed fraction": ("seed: 1.5\n", "seed must be a whole number, got 1.5"),
-    "pruner unknown": ("pruner: asha\n", "'asha' is not allowed; use tta, median or none"),
+    "pruner unknown": ("pruner: asha\n", "'asha' is not allowed; use tta (autotune's sampler"),
     "pruner margin below 1": ("pruner_margin: 0.5\n", "pruner_margin must be >= 1.0"),
     "warm_start text": ("warm_start: maybe\n", "warm_start must be true or false"),
     "unknown top key": ("studyname: x\n", "unknown key(s) studyname"),

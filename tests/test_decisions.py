@@ -18,12 +18,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
+from autotune._process import ReportChannel
 from autotune.config import StudyConfig
 from autotune.decisions import TrialResult, classify, curve_row
-from autotune.launch import ReportChannel
+from autotune.modes import make_pruner, make_sampler
 from autotune.replay import Replay, Run, Table
 from autotune.space import load_space
-from autotune.trial_runner import TrialRunner, make_pruner, make_sampler
+from autotune.trial_runner import TrialRunner
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 PLAYER = Path(__file__).resolve().parent / "_report_player.py"
@@ -65,15 +66,15 @@ def _through_the_worker(tmp_path: Path, reports: list[dict], stop_at: float | No
     played = tmp_path / "reports.json"
     played.write_text(json.dumps(reports))
     replies = tmp_path / "replies.json"
-    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None,
-                         tmp_path / "runs", stop_at)
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437,
+                         run_dir=tmp_path / "runs", stop_at=stop_at)
 
     def command(plan_path: Path) -> tuple[ReportChannel, list[str]]:
         channel = ReportChannel()
         return channel, [sys.executable, str(PLAYER), channel.address, str(played),
                          str(replies)]
 
-    runner._command = command  # the stand-in trainer, launched as the real one is
+    runner.ranks.command = command  # the stand-in trainer, launched as the real one is
     with runner:
         result = runner.run(study)
     return result, json.loads(replies.read_text()), study
@@ -167,8 +168,8 @@ def test_a_worker_refuses_a_program_outside_trainers_whatever_the_stored_config_
         cfg.trainer, warm_ranks=False, program=str(evil.with_suffix(""))))
     study = optuna.create_study(direction="minimize", sampler=make_sampler(cfg, 0),
                                 pruner=make_pruner(cfg))
-    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None,
-                         tmp_path / "runs", None)
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437,
+                         run_dir=tmp_path / "runs")
     with runner:
         result = runner.run(study)
     assert (result.outcome, result.reason) == ("failed", "launch_error")

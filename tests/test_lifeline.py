@@ -20,7 +20,7 @@ WORKER = """
 import sys, json
 sys.path.insert(0, {root!r})
 from tests._drive import make_plan
-from autotune.launch import run_plan, keep_going
+from autotune.ranks import run_plan, keep_going
 
 def on_message(msg, channel, process):
     if msg["type"] == "eval":
@@ -35,7 +35,8 @@ CHAIN = """
 import sys, json, time
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from autotune.launch import TrainerProcess, deepspeed_command, trainer_env
+from autotune._process import TrainerProcess
+from autotune.launch import deepspeed_command, trainer_env
 command = deepspeed_command(Path({rank!r}), Path("plan.json"), "127.0.0.1:1", ranks=2,
                             master_port=29999)
 process = TrainerProcess(command, trainer_env("cpu", 1), Path("launch.log"))

@@ -10,10 +10,9 @@ import pytest
 import torch
 import torchvision
 
+from autotune._process import ReportChannel, TrainerProcess
 from autotune.errors import LaunchError
 from autotune.launch import (
-    ReportChannel,
-    TrainerProcess,
     free_port,
     multinode_commands,
     read_hostfile,
@@ -93,10 +92,10 @@ def test_a_worker_with_a_hostfile_launches_each_trial_across_its_nodes_over_ssh(
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("gpu-a slots=8\ngpu-b slots=8\n")
     cfg = StudyConfig()
-    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None, tmp_path,
-                         None, hostfile=hostfile, ranks_per_node=4)
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, run_dir=tmp_path,
+                         hostfile=hostfile, ranks_per_node=4)
     assert runner.hardware.world_size == 8                  # 2 nodes x 4 ranks
-    channel, command = runner._command(tmp_path / "plan.json")
+    channel, command = runner.ranks.command(tmp_path / "plan.json")
     channel.close()
     assert command[1:3] == ["--num_gpus", "4"]
     assert command[command.index("--hostfile") + 1] == str(hostfile)
@@ -104,8 +103,8 @@ def test_a_worker_with_a_hostfile_launches_each_trial_across_its_nodes_over_ssh(
     assert command[command.index("--launcher") + 1] == "pdsh"
     assert command[command.index("--report-to") + 1] == channel.address
     assert not channel.address.startswith(("127.", "0.0.0.0"))   # reachable from gpu-a
-    every_slot = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None,
-                             tmp_path, None, hostfile=hostfile)
+    every_slot = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437,
+                             run_dir=tmp_path, hostfile=hostfile)
     assert every_slot.hardware.world_size == 16
 
 

@@ -41,8 +41,7 @@ def test_a_worker_caps_its_micro_batch_at_what_the_probe_found(tmp_path):
     cfg = StudyConfig()
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer,
                                                                probe_micro_batch=True))
-    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, None, tmp_path,
-                         None)
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437, run_dir=tmp_path)
     assert runner.hardware.max_micro_batch == 64             # resnet18 at 32 px fits
 
 

@@ -31,3 +31,10 @@ def test_warm_ranks_leave_after_a_checkpointed_or_out_of_memory_end_only():
     assert protocol.leaves_after("checkpointed") and protocol.leaves_after("oom")
     for reason in ("reached", "bound", "planned_epochs", "diverged", None):
         assert not protocol.leaves_after(reason)
+
+
+def test_ranks_stay_only_when_they_serve_and_the_trial_ended_well():
+    assert protocol.ranks_stay(True, {"reason": "bound"})
+    assert not protocol.ranks_stay(False, {"reason": "bound"})      # the program does not serve
+    assert not protocol.ranks_stay(True, None)                       # no end report
+    assert not protocol.ranks_stay(True, {"reason": "oom"})

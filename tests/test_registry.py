@@ -147,7 +147,7 @@ def test_heartbeats_keep_their_cadence_while_a_registry_call_is_slow():
 def test_shared_memory_buffers_no_process_maps_are_swept_and_mapped_ones_kept(tmp_path):
     import mmap
 
-    from autotune.launch import sweep_orphaned_shm_buffers
+    from autotune._process import sweep_orphaned_shm_buffers
 
     orphan = tmp_path / "deepspeed_allreduce_buffer_0_127.0.0.1_40001_0"
     orphan.write_bytes(b"\0" * 4096)

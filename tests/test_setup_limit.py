@@ -37,8 +37,8 @@ def test_setup_notes_say_where_the_setup_is_and_get_no_reply(tmp_path):
     import sys
     import time
 
+    from autotune._process import ReportChannel, TrainerProcess
     from autotune._reports import setup_whereabouts
-    from autotune.launch import ReportChannel, TrainerProcess
 
     channel = ReportChannel()
     script = (

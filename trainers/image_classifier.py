@@ -26,7 +26,7 @@ After a save-and-go-on, rank 0 reports ``{"type": "checkpoint", "path", "elapsed
 time a periodic save takes is control time, left out of ``elapsed_s``. A plan with
 ``resume_from`` (a ``step-N`` folder) continues from that checkpoint.
 
-Warm ranks (``--serve``): after a trial ends, rank 0 tells the worker it is ``ready`` and
+Warm ranks (the plan's ``serve``): after a trial ends, rank 0 tells the worker it is ``ready`` and
 waits; the worker's reply is the next trial's plan (``{"action": "plan", "plan": {...}}``),
 which rank 0 passes to every rank, or ``{"action": "exit"}``. The next trial then starts in the
 same processes: no launcher, interpreter, import or process-group start, and the data source
@@ -495,8 +495,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="path of the resolved plan (JSON)")
     parser.add_argument("--report-to", default=None,
                         help="HOST:PORT of the worker's report channel (default: stdout)")
-    parser.add_argument("--serve", action="store_true",
-                        help="after each trial, wait for the worker's next plan (warm ranks)")
     parser.add_argument("--local_rank", type=int, default=0, help="set by the launcher")
     args = parser.parse_args(argv)
     plan: dict[str, Any] | None = json.loads(Path(args.plan).read_text())
@@ -504,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     reporter = connect(args.report_to) if rank == 0 else connect(None)
     try:
         while plan is not None:
-            trainer = Trainer(plan, reporter, serves=bool(args.serve and args.report_to))
+            # warm ranks: the worker asks in the plan; they serve only with a worker to ask
+            serves = bool(plan.get("serve")) and args.report_to is not None
+            trainer = Trainer(plan, reporter, serves=serves)
             trainer.setup()
             summary = trainer.run()
             if trainer.terminate:
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            plan = next_plan(reporter, summary) if args.serve and args.report_to else None
+            plan = next_plan(reporter, summary) if serves else None
     finally:
         reporter.close()
         if dist.is_initialized():

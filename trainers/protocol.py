@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 __all__ = ["ACK", "EXIT", "LEAVE_AFTER", "Plan", "Reply", "decision", "go", "leaves_after",
-           "plan_reply", "stop"]
+           "plan_reply", "ranks_stay", "stop"]
 
 Reply = dict[str, Any]
 
@@ -38,6 +38,12 @@ LEAVE_AFTER = ("checkpointed", "oom")
 def leaves_after(reason: str | None) -> bool:
     """Whether warm ranks leave after a trial that ended with ``reason``."""
     return reason in LEAVE_AFTER
+
+
+def ranks_stay(serves: bool, end: dict[str, Any] | None) -> bool:
+    """Whether ranks that ran a trial wait for the next plan: their start report said they
+    serve, the trial reported its end, and that end does not make them leave."""
+    return serves and end is not None and not leaves_after(end.get("reason"))
 
 
 def decision(action: str, reason: str = "", deadline_s: float | None = None) -> Reply:
@@ -111,6 +117,8 @@ class Plan(TypedDict):
     seed: int
     precision: str              # bf16 | fp32
     compile: bool
+    serve: bool                 # the worker asks the ranks to wait for its next plan after
+                                # this trial (autotune.ranks); written at the launch
     checkpoint_dir: str | None
     resume_from: str | None     # a step-N checkpoint folder to continue from
     deepspeed: dict[str, Any]   # DeepSpeed's config, generated from the above

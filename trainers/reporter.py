@@ -12,9 +12,9 @@ lines. Each message the trainer sends gets exactly one reply:
   "deadline_s": float | null}``: the worker may stop the trial, and it may move the deadline
   (elapsed seconds after which the trainer stops on its own, without waiting for an evaluation).
 * ``{"type": "end", "reason": ...}`` once, last. The reply is ``{"action": "ack"}``.
-* Warm ranks only (``--serve``): ``{"type": "ready"}`` after the end, when the ranks can take
-  another trial. The reply is the next trial's plan, ``{"action": "plan", "plan": {...}}``,
-  or ``{"action": "exit"}``; after a plan the messages above begin again.
+* Warm ranks only (the plan's ``serve``): ``{"type": "ready"}`` after the end, when the
+  ranks can take another trial. The reply is the next trial's plan, ``{"action": "plan",
+  "plan": {...}}``, or ``{"action": "exit"}``; after a plan the messages above begin again.
 
 The worker may also send, at any time, a request ``{"request": "checkpoint"}``: the trainer
 saves a checkpoint at its next step and stops (``reason`` "checkpointed").
