@@ -32,9 +32,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _start_study(args: argparse.Namespace) -> int:
-    from . import config, study
+    from . import _console, config, study
 
-    study.quiet_libraries()
+    _console.quiet_libraries()
     overrides = {"budget.n_trials": args.n_trials, "budget.timeout_s": args.timeout,
                  "budget.max_trial_s": args.max_trial_seconds, "storage": args.storage,
                  "tracking_uri": args.tracking_uri, "workers": args.workers,
@@ -167,7 +167,7 @@ def _add_status(sub: Any) -> None:
 def _worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ._channel import parse_address
+    from ._channel import SCHEME, parse_address
     from .config import validate_storage_url
     from .errors import ConfigError
     from .launch import read_hostfile
@@ -175,7 +175,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     if args.server:
         parse_address(args.server, "--server")
-    storage = f"autotune://{args.server}" if args.server else args.storage
+    storage = f"{SCHEME}{args.server}" if args.server else args.storage
     validate_storage_url(storage, "--server" if args.server else "--storage")
     hostfile = None
     if args.hostfile:

@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from . import record
 from ._channel import is_server_url
+from ._console import format_result, quiet_libraries
 from ._preflight import check_ranks, check_writable
 from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
@@ -24,7 +25,6 @@ from .errors import ConfigError
 from .modes import make_pruner, make_sampler
 from .space import SearchSpace
 from .store import open_storage
-from .study import format_result, quiet_libraries
 from .tracking import Tracker
 from .trial_runner import TrialRunner
 

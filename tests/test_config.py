@@ -148,11 +148,11 @@ def test_resuming_a_study_with_a_changed_file_is_refused_before_anything_is_writ
         workdir, capsys):
     import optuna
 
-    from autotune import study as study_mod
+    from autotune import _study_setup
 
     write(workdir / "exp.yaml", "target: {metric: top1, value: 0.97}\n")
     cfg = config.load(str(workdir / "exp.yaml"))
-    prepared = study_mod._prepare(study_mod._absolute_paths(study_mod._absolute_data(cfg)))[0]
+    prepared = _study_setup.prepare(cfg)[0]
     stored = optuna.create_study(study_name="exp", storage="sqlite:///autotune.db")
     stored.set_user_attr("config", prepared.to_dict())        # as its first run stored it
     before = sorted(p.name for p in workdir.iterdir())

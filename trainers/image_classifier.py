@@ -42,7 +42,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -59,97 +58,15 @@ if __package__ in (None, ""):  # started as a script by the launcher
 import torch
 import torch.distributed as dist
 
-from trainers import protocol
+from trainers import _checkpoint
+from trainers._control import CHECKPOINT, DIVERGED, GO, OOM, REASONS, STOPPED, Control
+from trainers._rank import Clock, agree, is_oom, next_plan
+from trainers.models import build_model, build_optimizer
 from trainers.reporter import Reporter, connect
 from trainers.schedule import eval_interval, lr_factor
-from trainers.sources import Source, open_source
+from trainers.sources import Source, kept_source
 
-# Stop codes, agreed across ranks with an all-reduce(MAX) after each optimizer step.
-_GO, _DEADLINE, _MAX_SECONDS, _STOPPED, _CHECKPOINT, _DIVERGED, _OOM = range(7)
-_TAG = "step-{}"  # a checkpoint's folder under checkpoint_dir, by optimizer step
-_REASONS = {_DEADLINE: "bound", _MAX_SECONDS: "max_seconds", _STOPPED: "stopped",
-            _CHECKPOINT: "checkpointed", _DIVERGED: "diverged", _OOM: "oom"}
-
-
-def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
-    import torchvision
-
-    factory = getattr(torchvision.models, plan["model"], None)
-    if factory is None:
-        raise ValueError(f"unknown model {plan['model']!r}; use a torchvision model name")
-    return factory(num_classes=num_classes,
-                   zero_init_residual=bool(plan["zero_init_residual"]))
-
-
-def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim.Optimizer:
-    opt = plan["optimizer"]
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    for name, param in model.named_parameters():
-        skip = plan["no_wd_on_bn_bias"] and (param.ndim <= 1 or name.endswith(".bias"))
-        (no_decay if skip else decay).append(param)
-    groups = [{"params": decay, "weight_decay": opt["weight_decay"]},
-              {"params": no_decay, "weight_decay": 0.0}]
-    nesterov = bool(opt.get("nesterov", False)) and opt["momentum"] > 0
-    if opt["name"] == "sgd":
-        return torch.optim.SGD(groups, lr=plan["peak_lr"], momentum=opt["momentum"],
-                               nesterov=nesterov)
-    if opt["name"] == "lars":  # timm's LARS adapts only groups with weight decay: not BN, bias
-        from timm.optim import Lars
-
-        return Lars(groups, lr=plan["peak_lr"], momentum=opt["momentum"], nesterov=nesterov,
-                    trust_coeff=opt.get("trust_coefficient", 0.001))
-    if opt["name"] == "lamb":
-        from timm.optim import Lamb
-
-        return Lamb(groups, lr=plan["peak_lr"], betas=(opt["momentum"], 0.999))
-    raise ValueError(f"unknown optimizer {opt['name']!r}; allowed: sgd, lars, lamb")
-
-
-class Clock:
-    """Elapsed training time on rank 0, excluding time spent waiting for the worker; a resumed
-    run starts from the checkpoint's elapsed time."""
-
-    def __init__(self, offset: float = 0.0) -> None:
-        self.start = time.perf_counter()
-        self.offset = offset
-        self.control_s = 0.0
-
-    def elapsed(self) -> float:
-        return self.offset + time.perf_counter() - self.start - self.control_s
-
-
-def _agree(*codes: int) -> list[int]:
-    """The element-wise maximum of ``codes`` over all ranks: any rank can raise a flag."""
-    flags = torch.tensor(codes, dtype=torch.int32)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return [int(v) for v in flags.tolist()]
-
-
-def _broadcast(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.broadcast(t, src=0)
-    return [float(v) for v in t.tolist()]
-
-
-_SOURCES: dict[str, Source] = {}  # kept across the trials of warm ranks
 _SERVED = [0]                     # trials this process has begun (more than 1: warm ranks)
-
-
-def _source(spec: dict[str, Any], on_gpu: bool) -> Source:
-    """The data source ``spec`` describes, opened once per process (an ImageFolder tree is
-    scanned once, not at every trial of warm ranks)."""
-    key = json.dumps([spec, on_gpu], sort_keys=True)
-    if key not in _SOURCES:
-        for old in _SOURCES.values():
-            old.close()
-        _SOURCES.clear()
-        _SOURCES[key] = open_source(spec, on_gpu)
-    return _SOURCES[key]
-
-
-def _is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
 class Trainer:
@@ -161,7 +78,6 @@ class Trainer:
         self.plan = plan
         self.reporter = reporter
         self.wall0 = time.perf_counter()
-        self.terminate = False
         # Everything a checkpoint carries besides the model, optimizer and RNG states. Rank 0's
         # copy is the one saved; control_s counts control time before the last resume.
         self.state: dict[str, Any] = {"epoch": 0, "step_in_epoch": 0, "step": 0, "evals": 0,
@@ -202,7 +118,7 @@ class Trainer:
             self.device = torch.device("cpu")
             torch.set_num_threads(int(plan["threads_per_rank"]))
         self._phase("data")
-        self.source: Source = _source(plan["data"], self.on_gpu)
+        self.source: Source = kept_source(plan["data"], self.on_gpu)
         self._phase("model")
         model = build_model(plan, self.source.num_classes).to(self.device)
         if self.on_gpu:
@@ -223,11 +139,10 @@ class Trainer:
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])
         if plan["resume_from"]:
             self._phase("resume")
-            self._load(Path(plan["resume_from"]))
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.terminate = True
+            self.state.update(_checkpoint.load(self.engine, Path(plan["resume_from"]),
+                                               self.rank, self.on_gpu))
+        self.control = Control(self.reporter, self.rank, self.state, plan["max_seconds"])
+        signal.signal(signal.SIGTERM, self.control.on_sigterm)
 
     def _autocast(self) -> Any:
         if self.on_gpu and self.plan["precision"] == "bf16":
@@ -244,38 +159,15 @@ class Trainer:
     def save(self, clock: Clock) -> tuple[float, str]:
         """Saves a checkpoint; returns the elapsed seconds it holds (a resume starts there) and
         its folder."""
-        folder = Path(self.plan["checkpoint_dir"])
-        tag = _TAG.format(self.state["step"])
         state = {**self.state, "elapsed": clock.elapsed(),
                  "control_s": self.state["control_s"] + clock.control_s}
-        self.engine.save_checkpoint(str(folder), tag=tag, client_state={"autotune": state})
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-               "cuda": torch.cuda.get_rng_state_all() if self.on_gpu else None}
-        torch.save(rng, folder / tag / f"rng-rank{self.rank}.pt")
-        dist.barrier()
-        return float(state["elapsed"]), str(folder / tag)
+        folder = _checkpoint.save(self.engine, Path(self.plan["checkpoint_dir"]), state,
+                                  self.rank, self.on_gpu)
+        return float(state["elapsed"]), folder
 
     def _prune_checkpoints(self, keep: str) -> None:
-        """Rank 0 removes the checkpoints older than ``keep``, once the worker has acknowledged
-        it: until then the registry may still point a resumption at the previous one."""
-        if self.rank != 0:
-            return
-        for old in Path(self.plan["checkpoint_dir"]).glob(_TAG.format("*")):
-            if str(old) != keep and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-
-    def _load(self, path: Path) -> None:
-        if not (path / f"rng-rank{self.rank}.pt").is_file():
-            raise SystemExit(f"{path} holds no complete autotune checkpoint")
-        _, client = self.engine.load_checkpoint(str(path.parent), tag=path.name)
-        if not client or "autotune" not in client:
-            raise SystemExit(f"{path} holds no autotune checkpoint")
-        self.state.update(client["autotune"])
-        rng = torch.load(path / f"rng-rank{self.rank}.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if self.on_gpu and rng.get("cuda") is not None:
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        if self.rank == 0:
+            _checkpoint.prune(Path(self.plan["checkpoint_dir"]), keep)
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -313,49 +205,40 @@ class Trainer:
             try:
                 with self._autocast():
                     loss = self.criterion(self.forward(x), y)
-                code = _GO if math.isfinite(loss.item()) else _DIVERGED
+                code = GO if math.isfinite(loss.item()) else DIVERGED
             except RuntimeError as e:
-                if not _is_oom(e):
+                if not is_oom(e):
                     raise
-                code = _OOM
-            code = _agree(code)[0]
-            if code != _GO:
+                code = OOM
+            code = agree(code)[0]
+            if code != GO:
                 return code  # every rank leaves before backward: no collective hangs
             try:
                 self.engine.backward(loss)
                 self.engine.step()
             except RuntimeError as e:
-                if not _is_oom(e):
+                if not is_oom(e):
                     raise
-                return _OOM  # out of memory in backward: the other ranks fail the same way
-        return _GO
+                return OOM  # out of memory in backward: the other ranks fail the same way
+        return GO
 
     def run(self) -> dict[str, Any]:
         plan, st = self.plan, self.state
         micro, accum, spe = plan["micro_batch"], plan["grad_accum"], plan["steps_per_epoch"]
-        every_steps = int(plan["eval_every_steps"])
-        every_s = float(plan["eval_every_s"])
+        every_steps, every_s = int(plan["eval_every_steps"]), float(plan["eval_every_s"])
         auto = not every_steps and not every_s   # no cadence set: see eval_interval
         if auto:
             every_steps = spe
-        target_metric, target = plan["target"]["metric"], plan["target"]["value"]
-        if self.rank == 0:
-            reply = self.reporter.send({"type": "start", "setup_s": time.perf_counter() -
-                                        self.wall0, "world_size": self.world,
-                                        "hosts": [os.uname().nodename],
-                                        "pid": os.getpid(), "served": _SERVED[0],
-                                        "serves": self.serves,
-                                        "setup_phases": self.phases, "augment": self.augment,
-                                        "resumed_at_s": st["elapsed"] if plan[
-                                            "resume_from"] else None})
-            st["deadline"] = float(reply.get("deadline_s") or -1.0)
-        st["deadline"] = _broadcast([st["deadline"]])[0]
-        dist.barrier()
+        control = self.control
+        clock = control.start({
+            "setup_s": time.perf_counter() - self.wall0, "world_size": self.world,
+            "hosts": [os.uname().nodename], "pid": os.getpid(), "served": _SERVED[0],
+            "serves": self.serves, "setup_phases": self.phases, "augment": self.augment,
+            "resumed_at_s": st["elapsed"] if plan["resume_from"] else None})
         setup_s = time.perf_counter() - self.wall0
-        clock = Clock(st["elapsed"])
         samples_since, train_since = 0, 0.0
-        reason, reached_at, stop = "planned_epochs", None, _GO
-        while st["epoch"] < plan["epochs"] and stop == _GO and reason != "reached":
+        reason, reached_at, stop = "planned_epochs", None, GO
+        while st["epoch"] < plan["epochs"] and stop == GO and reason != "reached":
             batches = self.source.train_batches(st["epoch"], plan["seed"], self.rank, self.world,
                                                 spe * micro * accum, micro,
                                                 skip=st["step_in_epoch"] * accum,
@@ -369,51 +252,36 @@ class Trainer:
                 code = self._step(batches)
                 st["step"] += 1
                 st["step_in_epoch"] += 1
-                due = 0
-                if self.rank == 0 and code == _GO:
-                    now = clock.elapsed()
-                    if 0 < plan["max_seconds"] < now:
-                        code = _MAX_SECONDS
-                    elif st["deadline"] > 0 and now > st["deadline"]:
-                        code = _DEADLINE
-                    elif self.reporter.asked("checkpoint"):
-                        code = _CHECKPOINT
-                    gap = (eval_interval(plan["max_seconds"], self.last_eval_cost) if auto
-                           else every_s)
-                    due = int(gap > 0 and now - st["last_eval_at"] >= gap)
-                if self.terminate:
-                    code = max(code, _CHECKPOINT)
-                code, due = _agree(code, due)
+                gap = eval_interval(plan["max_seconds"], self.last_eval_cost) if auto else every_s
+                code, due = control.after_step(code, clock, gap)
                 dt = time.perf_counter() - t
                 st["train_s"] += dt
                 train_since += dt
                 samples_since += micro * accum * self.world
-                if code != _GO:
+                if code != GO:
                     stop = code
                     break
                 last = st["step"] == plan["total_steps"]
                 if due or (every_steps and st["step"] % every_steps == 0) or last:
-                    action = self._evaluate_and_report(clock, samples_since, train_since,
-                                                       target_metric, target)
+                    action = self._evaluate_and_report(clock, samples_since, train_since)
                     samples_since, train_since = 0, 0.0
                     if action == "reached":
                         reached_at, reason = st["last_eval_at"], "reached"
                         break
                     if action == "stop":
-                        stop = _STOPPED
+                        stop = STOPPED
                         break
                     if action == "checkpoint":
-                        self._checkpoint_and_go_on(clock)
+                        control.checkpoint(clock, lambda: self.save(clock),
+                                           self._prune_checkpoints)
             else:
                 st["epoch"] += 1
                 st["step_in_epoch"] = 0
-        saved_at, saved_in = self.save(clock) if stop == _CHECKPOINT else (None, None)
+        saved_at, saved_in = self.save(clock) if stop == CHECKPOINT else (None, None)
         if plan.get("save_model") and self.rank == 0:
             torch.save(self.engine.module.state_dict(), plan["save_model"])
-        if stop != _GO:
-            reason = _REASONS[stop]
-        summary = {"type": "end", "reason": reason, "tta_s": reached_at, "setup_s": setup_s,
-                   "train_s": st["train_s"], "eval_s": st["eval_s"],
+        summary = {"type": "end", "reason": REASONS.get(stop, reason), "tta_s": reached_at,
+                   "setup_s": setup_s, "train_s": st["train_s"], "eval_s": st["eval_s"],
                    "control_s": st["control_s"] + clock.control_s,
                    "elapsed_s": clock.elapsed(),
                    "wall_s": time.perf_counter() - self.wall0, "steps": st["step"],
@@ -422,25 +290,10 @@ class Trainer:
         if saved_at is not None:
             summary["checkpoint"] = saved_in
             summary["checkpoint_elapsed_s"] = saved_at
-        if self.rank == 0:
-            self.reporter.send(summary)
-            if saved_in is not None:
-                self._prune_checkpoints(keep=saved_in)
-        dist.barrier()
+        control.end(summary, self._prune_checkpoints)
         return summary
 
-    def _checkpoint_and_go_on(self, clock: Clock) -> None:
-        """A periodic checkpoint, reported to the worker; its time is not training time."""
-        t = time.perf_counter()
-        elapsed, path = self.save(clock)
-        if self.rank == 0:
-            self.reporter.send({"type": "checkpoint", "path": path, "elapsed_s": elapsed})
-            self._prune_checkpoints(keep=path)
-        dist.barrier()
-        clock.control_s += time.perf_counter() - t
-
-    def _evaluate_and_report(self, clock: Clock, samples: int, train_s: float, metric: str,
-                             target: float) -> str:
+    def _evaluate_and_report(self, clock: Clock, samples: int, train_s: float) -> str:
         """Evaluates, reports (rank 0), and returns the agreed action: go, stop, reached or
         checkpoint."""
         plan, st = self.plan, self.state
@@ -451,43 +304,12 @@ class Trainer:
         st["evals"] += 1
         for k in ("top1", "top5"):
             st["best"][k] = max(st["best"][k], metrics[k])
-        decision = [0.0, st["deadline"]]
-        if self.rank == 0:
-            elapsed = st["last_eval_at"] = clock.elapsed()
-            report = {"type": "eval", "index": st["evals"] - 1, "elapsed_s": elapsed,
-                      "epoch": st["step"] / plan["steps_per_epoch"], "step": st["step"],
-                      "samples": st["step"] * plan["global_batch"],
-                      "lr": self.scheduler.get_last_lr()[0],
-                      "images_per_s": samples / max(train_s, 1e-9), **metrics}
-            reached = metrics[metric] >= target
-            if reached:
-                report["reached"] = True
-            waited = time.perf_counter()
-            reply = self.reporter.send(report)
-            clock.control_s += time.perf_counter() - waited
-            action = str(reply.get("action"))
-            decision = [2.0 if reached else {"stop": 1.0, "checkpoint": 3.0}.get(action, 0.0),
-                        float(reply.get("deadline_s") or -1.0)]
-        code, st["deadline"] = _broadcast(decision)
-        return {0.0: "go", 1.0: "stop", 2.0: "reached", 3.0: "checkpoint"}[code]
-
-
-def next_plan(reporter: Reporter, summary: dict[str, Any]) -> dict[str, Any] | None:
-    """Warm ranks: the next trial's plan from the worker, the same on every rank, or None to
-    leave (the worker said exit or is gone, the trial ended checkpointed or out of memory, or
-    a rank got SIGTERM)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # waiting: SIGTERM ends the process at once
-    leave = _agree(int(protocol.leaves_after(summary["reason"])))[0]
-    box: list[Any] = [None]
-    if dist.get_rank() == 0 and not leave:
-        try:
-            reply = reporter.send({"type": "ready"})
-        except (OSError, ValueError):  # the worker closed the channel, or is gone
-            reply = protocol.EXIT
-        if reply.get("action") == "plan" and isinstance(reply.get("plan"), dict):
-            box[0] = reply["plan"]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+        fields = {"index": st["evals"] - 1, "epoch": st["step"] / plan["steps_per_epoch"],
+                  "step": st["step"], "samples": st["step"] * plan["global_batch"],
+                  "lr": self.scheduler.get_last_lr()[0],
+                  "images_per_s": samples / max(train_s, 1e-9), **metrics}
+        reached = metrics[plan["target"]["metric"]] >= plan["target"]["value"]
+        return self.control.report_eval(clock, fields, reached)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer = Trainer(plan, reporter, serves=serves)
             trainer.setup()
             summary = trainer.run()
-            if trainer.terminate:
+            if trainer.control.terminate:
                 summary["reason"] = "checkpointed"  # SIGTERM: leave, whatever the end
             del trainer  # the engine, optimizer and model go before the next trial's
             gc.collect()

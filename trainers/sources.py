@@ -16,6 +16,7 @@ new processes.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,7 +27,8 @@ import torch
 from trainers import data as digits
 from trainers.augment import augment_batch, eval_transform, image_transform
 
-__all__ = ["Source", "image_size_default", "num_classes", "open_source", "train_size"]
+__all__ = ["Source", "image_size_default", "kept_source", "num_classes", "open_source",
+           "train_size"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 _EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".webp")
@@ -252,3 +254,19 @@ def open_source(spec: dict[str, Any], on_gpu: bool) -> Source:
     if kind == "imagefolder":
         return ImageFolderSource(spec, on_gpu)
     raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")
+
+
+_KEPT: dict[str, Source] = {}   # the source a process keeps across the trials of warm ranks
+
+
+def kept_source(spec: dict[str, Any], on_gpu: bool) -> Source:
+    """The data source ``spec`` describes, opened once per process and kept while trials use
+    the same data (an ImageFolder tree is scanned once, its loader processes persist); another
+    spec closes the kept one."""
+    key = json.dumps([spec, on_gpu], sort_keys=True)
+    if key not in _KEPT:
+        for old in _KEPT.values():
+            old.close()
+        _KEPT.clear()
+        _KEPT[key] = open_source(spec, on_gpu)
+    return _KEPT[key]

@@ -1,0 +1,119 @@
+"""What a study says on the terminal and records at its end: a line per trial, the summary,
+the best trial and where to review it; and the libraries' own logs kept off the terminal."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from . import record
+from .config import StudyConfig
+from .decisions import TrialResult, elapsed_of
+from .tracking import Tracker, ui_command
+
+__all__ = ["Print", "finished", "format_result", "quiet_libraries", "result_of", "summarize"]
+
+Print = Callable[[str], None]
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_result(r: TrialResult, metric: str) -> str:
+    """The terminal line of a finished trial."""
+    params = " ".join(f"{k}={_short(v)}" for k, v in r.params.items())
+    if r.outcome == "reached":
+        tail = f"reached   TTA {r.value:.2f} s ({metric} {r.best_metric:.3f})"
+    elif r.outcome == "censored":
+        best = f"best {metric} {r.best_metric:.3f}" if r.evals else (
+            "no evaluation yet" if r.reason != "max_seconds" else
+            "no evaluation within budget.max_trial_s: evaluate more often (trainer."
+            "eval_every_s or eval_every_steps) or raise the cap")
+        tail = f"censored  ({r.reason}) after {r.value:.2f} s, {best}"
+    else:
+        tail = f"failed    ({r.reason}) {r.detail}"[:200]
+    return f"[trial {r.number:3d}] {params} | {tail}"
+
+
+def finished(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials that ran and ended (``record.finished``)."""
+    return record.finished(study.get_trials(deepcopy=False))
+
+
+def _counts(trials: list[FrozenTrial]) -> dict[str, int]:
+    counts = {"reached": 0, "censored": 0, "failed": 0}
+    for t in trials:
+        outcome = t.user_attrs.get(record.OUTCOME,
+                                   "failed" if t.state == TrialState.FAIL else "")
+        if outcome in counts:
+            counts[outcome] += 1
+    return counts
+
+
+def result_of(trial: FrozenTrial) -> TrialResult:
+    """A finished trial's result, as recorded in the study store."""
+    attrs = trial.user_attrs
+    return TrialResult(trial.number, dict(attrs.get(record.PARAMS, trial.params)),
+                       str(attrs.get(record.OUTCOME, "failed")),
+                       str(attrs.get(record.STOP_REASON, "")), value=elapsed_of(trial),
+                       best_metric=float(attrs.get(record.BEST_METRIC, 0.0)),
+                       evals=len(attrs.get(record.CURVE, [])),
+                       detail=str(attrs.get(record.DETAIL, "")))
+
+
+def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Print) -> int:
+    trials = finished(study)
+    counts = _counts(trials)
+    compute = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in trials
+                  if t.datetime_complete and t.datetime_start)
+    summary: dict[str, Any] = {**{f"trials_{k}": v for k, v in counts.items()},
+                               "trials": len(trials), "compute_s": compute}
+    echo(f"study {cfg.study_name!r}: {len(trials)} trials ({counts['reached']} reached, "
+         f"{counts['censored']} censored, {counts['failed']} failed), {compute:.0f} s of compute")
+    best_params: dict[str, Any] = {}
+    try:
+        best = study.best_trial
+    except ValueError:
+        best = None
+    if best is None or best.user_attrs.get(record.OUTCOME) != "reached":
+        closest = max(trials, key=lambda t: t.user_attrs.get(record.BEST_METRIC, 0.0),
+                      default=None)
+        note = "" if closest is None else (
+            f"; closest: trial {closest.number} with {cfg.target.metric} "
+            f"{closest.user_attrs.get(record.BEST_METRIC, 0.0):.3f}")
+        echo(f"no trial reached {cfg.target.metric} >= {cfg.target.value} yet{note}")
+    else:
+        best_params = dict(best.user_attrs.get(record.PARAMS, {})) or dict(best.params)
+        summary["best_tta_s"] = best.value
+        summary["best_trial"] = best.number
+        echo(f"best: trial {best.number}, time to {cfg.target.metric} >= {cfg.target.value}: "
+             f"{best.value:.2f} s")
+        for key, value in best_params.items():
+            echo(f"  {key} = {_short(value)}")
+    tracker.study_plots(study, cfg.target.metric, cfg.target.value, final=True)
+    tracker.end_study(summary, best_params)
+    if not tracker.close(timeout_s=60):
+        echo(f"MLflow at {tracker.uri} is unreachable: {tracker.outbox.pending} record(s) wait "
+             f"in {tracker.outbox.spool}; the next run of this study delivers them")
+    echo("review the study in the MLflow UI:")
+    echo(f"  {ui_command(cfg.tracking_uri, cfg.study_name)}")
+    return 0
+
+
+def quiet_libraries() -> None:
+    """Keeps Optuna's and MLflow's own progress logs off the terminal."""
+    import mlflow  # noqa: F401 - configures its loggers on import; quiet them afterwards
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("mlflow", "alembic", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")

@@ -1,0 +1,100 @@
+"""Everything ``start study`` checks and settles before a study store is touched: paths made
+absolute, this machine's folders and ranks, the data counted (``DataInfo``), the search space
+loaded and checked with its warm starts resolved; and, on a resume, the stored config
+compared with this one."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import optuna
+
+from . import record
+from ._console import Print
+from ._preflight import check_ranks, check_writable
+from .config import StudyConfig, config_changes, resolve_tracking_uri
+from .errors import ConfigError, PlanError, SpaceError
+from .plan import Hardware, resolve
+from .space import DataInfo, SearchSpace, check_space, load_space
+
+__all__ = ["check_resumed_config", "prepare"]
+
+
+def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:
+    hardware = Hardware(world_size=cfg.ranks_per_trial, device=cfg.device,
+                        max_micro_batch=cfg.trainer.max_micro_batch)
+    for point in space.warm_starts:
+        try:
+            resolve(point, trainer=cfg.trainer.__dict__, train_size=train_size,
+                    hardware=hardware, target=cfg.target.__dict__,
+                    max_seconds=cfg.budget.max_trial_s)
+        except PlanError as e:
+            raise ConfigError(f"warm start {point} of space {space.name!r}: {e}") from e
+
+
+def _absolute_data(cfg: StudyConfig) -> StudyConfig:
+    """``cfg`` with an ImageFolder path made absolute (relative to the study file)."""
+    data = dict(cfg.trainer.data)
+    if data.get("kind") == "imagefolder" and not Path(str(data["path"])).is_absolute():
+        data["path"] = str((Path(cfg.base_dir) / str(data["path"])).resolve())
+        trainer = dataclasses.replace(cfg.trainer, data=data)
+        return dataclasses.replace(cfg, trainer=trainer)
+    return cfg
+
+
+def _absolute_paths(cfg: StudyConfig) -> StudyConfig:
+    """Local paths made absolute, so workers started elsewhere find the same folders."""
+    _, artifacts = resolve_tracking_uri(cfg.tracking_uri)
+    tracking = cfg.tracking_uri if artifacts is None else str(
+        Path(cfg.tracking_uri).expanduser().resolve())
+    return dataclasses.replace(cfg, tracking_uri=tracking,
+                               run_dir=str(Path(cfg.run_dir).expanduser().resolve()))
+
+
+def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
+    """Everything that can be checked before a store is touched: the config (paths absolute,
+    its data's number of classes), the search space and the number of training images."""
+    cfg = _absolute_paths(_absolute_data(cfg))
+    from trainers.sources import image_size_default, num_classes, train_size
+
+    check_writable(cfg.tracking_uri, "tracking_uri")
+    check_writable(cfg.run_dir, "run_dir")
+    if cfg.workers >= 1:
+        check_ranks(cfg.device, cfg.ranks_per_trial, cfg.workers, cfg.oversubscribe,
+                    "oversubscribe: true (or --oversubscribe)")
+    try:
+        size = train_size(cfg.trainer.data)
+        classes = num_classes(cfg.trainer.data)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.source}: trainer.data: {e}") from e
+    data = DataInfo(train_images=size, num_classes=classes,
+                    image_size=int(cfg.trainer.data.get("image_size", image_size_default(
+                        cfg.trainer.data))), kind=str(cfg.trainer.data.get("kind", "digits")))
+    space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial,
+                       data=data)
+    problems = check_space(space)
+    if problems:
+        raise SpaceError(f"{space.source_file}: {problems[0]}", problems=problems)
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, num_classes=classes))
+    _check_warm_starts(space, cfg, size)
+    return cfg, space, size
+
+
+def check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
+                          echo: Print) -> None:
+    """Refuses to resume ``study`` with a config that changes what it measures."""
+    stored = study.user_attrs.get(record.STUDY_CONFIG)
+    if not isinstance(stored, dict):
+        return
+    changes = config_changes(stored, cfg.to_dict())
+    if not changes:
+        return
+    if not accept:
+        raise ConfigError(f"study {cfg.study_name!r} exists and was started with another "
+                          f"config ({'; '.join(changes)}); pass --accept-changes to resume it "
+                          "with these, or set another study_name")
+    echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
+    study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
+
+
