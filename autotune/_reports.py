@@ -4,8 +4,9 @@ sends (``start``, ``eval``, ``checkpoint``), apart from processes and sockets.
 ``ReportHandler`` keeps one trial's state (its curve, best value, deadline, last checkpoint,
 the reason it was last told to stop) and answers each report through what it is given: the
 trial to record on, a ``HeldWrites`` queue to the study store, and functions for the pruner's
-deadline, its decision and the study's time limit. The trial runner (``trial_runner.py``) feeds it
-the channel's messages; tests feed it scripted ones.
+deadline, its decision and the study's time limit (``Pruning`` gives them, minding the store's
+absences). The trial runner (``trial_runner.py``) feeds it the channel's messages, within a
+trial's setup and training ``Limits``; tests feed it scripted ones.
 
 The rules it applies, in order, to an evaluation: record it (the curve row, the intermediate
 value, the elapsed time); with the store reachable, ask the pruner (``decisions.eval_reply``),
@@ -30,9 +31,10 @@ from trainers import protocol
 from . import record
 from ._process import ReportChannel
 from ._retry import StoreUnavailable
-from .decisions import curve_row, eval_writes
+from .decisions import curve_row, eval_reply, eval_writes, study_deadline
 
-__all__ = ["HeldWrites", "ReportHandler", "STORE_RETRY_S", "limit_detail", "setup_whereabouts"]
+__all__ = ["HeldWrites", "Limits", "Pruning", "ReportHandler", "STORE_RETRY_S",
+           "setup_whereabouts"]
 
 log = logging.getLogger("autotune")
 STORE_RETRY_S = 3.0       # a trial's writes wait this long after the store failed to answer
@@ -182,16 +184,64 @@ def setup_whereabouts(channel: ReportChannel, launched_at: float) -> str:
             f"{at - launched_at:.0f} s after the launch)")
 
 
-def limit_detail(result: Any, phase: str, setup_limit: float, training_limit: float,
-                 channel: ReportChannel, launched_at: float) -> None:
-    """Says on ``result`` that its trainer was killed at a limit, and which: setup's (where the
-    setup was) or training's (no report for that long: hung)."""
-    if phase == "setup":
-        result.reason = "setup_timeout"
-        result.detail = (f"the trainer did not finish setting up within {setup_limit:.0f} s of "
-                         f"its launch (trainer.setup_limit_s); "
-                         f"{setup_whereabouts(channel, launched_at)}; raise the limit where a "
-                         f"first setup is slow. {result.detail}")
-    else:
-        result.detail = (f"no report for {training_limit:.0f} s of training (2 x max_trial_s "
-                         f"+ 60 s): stopped as hung. {result.detail}")
+class Pruning:
+    """The pruner's side of a trial's replies, minding the study store: its deadline and its
+    decision on an evaluation (``decisions.study_deadline``, ``decisions.eval_reply``), or,
+    while the store is away, the last deadline and go on; and every reply's deadline capped
+    at the study's end (``stop_at``, a ``time.monotonic()`` value), where the trainer then
+    stops on its own between evaluations."""
+
+    def __init__(self, pruner: Any, study: Any, trial: Any,
+                 patience: Callable[[float | None], Any], stop_at: float | None) -> None:
+        self.pruner, self.study, self.trial = pruner, study, trial
+        self._patience, self.stop_at = patience, stop_at
+
+    def deadline(self, last: float | None) -> float | None:
+        try:
+            with self._patience(0):
+                return study_deadline(self.pruner, self.study)
+        except StoreUnavailable:
+            return last
+
+    def decide(self, msg: dict[str, Any], last: float | None) -> Reply:
+        try:
+            with self._patience(0):
+                return eval_reply(self.pruner, self.study, self.trial, msg,
+                                  now=time.monotonic(), stop_at=self.stop_at)
+        except StoreUnavailable:
+            return protocol.go(last)
+
+    def within_timeout(self, reply: Reply, elapsed: float) -> Reply:
+        if self.stop_at is None:
+            return reply
+        cap = max(elapsed + self.stop_at - time.monotonic(), 1e-3)
+        deadline = reply.get("deadline_s")
+        return {**reply, "deadline_s": cap if deadline is None else min(float(deadline), cap)}
+
+
+class Limits:
+    """A trial's two limits: its setup's, from the launch; its training's, without a report
+    for that long (from the start report on). ``until``: the ``time.monotonic()`` the one in
+    force ends at."""
+
+    def __init__(self, setup_s: float, training_s: float) -> None:
+        self.setup_s, self.training_s = setup_s, training_s
+        self.phase = "setup"
+        self.until = time.monotonic() + setup_s
+
+    def training(self) -> None:
+        """The start report came: training's limit from now."""
+        self.phase, self.until = "training", time.monotonic() + self.training_s
+
+    def explain(self, result: Any, channel: ReportChannel, launched_at: float) -> None:
+        """Says on ``result`` that its trainer was killed at the limit in force, and which:
+        setup's (and where the setup was) or training's (hung)."""
+        if self.phase == "setup":
+            result.reason = "setup_timeout"
+            result.detail = (f"the trainer did not finish setting up within {self.setup_s:.0f}"
+                             f" s of its launch (trainer.setup_limit_s); "
+                             f"{setup_whereabouts(channel, launched_at)}; raise the limit "
+                             f"where a first setup is slow. {result.detail}")
+        else:
+            result.detail = (f"no report for {self.training_s:.0f} s of training (2 x "
+                             f"max_trial_s + 60 s): stopped as hung. {result.detail}")

@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,9 @@ from trainers import protocol
 from . import record
 from ._ops import ensure_cpu_ops
 from ._preflight import probe_micro_batch
-from ._reports import HeldWrites, ReportHandler, limit_detail
-from ._retry import StoreUnavailable
+from ._reports import HeldWrites, Limits, Pruning, ReportHandler
 from .config import StudyConfig
-from .decisions import TrialResult, classify, eval_reply, study_deadline, tell
+from .decisions import TrialResult, classify, tell
 from .errors import AutotuneError, PlanError, SpaceError
 from .launch import read_hostfile, trainer_env
 from .modes import make_pruner, mode_of
@@ -229,17 +227,14 @@ class TrialRunner:
         end: dict[str, Any] | None = None
         # Setup has its own limit, counted from the launch; training's starts at the start
         # report (the first step), so a slow setup never eats a trial's training time.
-        setup_limit = float(self.cfg.trainer.setup_limit_s)
-        limits: dict[str, Any] = {"until": time.monotonic() + setup_limit, "phase": "setup"}
-        training_limit = plan["max_seconds"] * 2 + 60
+        limits = Limits(float(self.cfg.trainer.setup_limit_s), plan["max_seconds"] * 2 + 60)
         asked: list[bool] = []
         writes = HeldWrites(self._patience, trial.number)
+        pruning = Pruning(self.pruner, study, trial, self._patience, self.stop_at)
         handler = ReportHandler(
             trial, writes, metric=self.cfg.target.metric, planned_epochs=plan["epochs"],
             checkpoint_every_s=self.cfg.trainer.checkpoint_every_s,
-            deadline=partial(self._deadline, study),
-            decide=lambda msg, last: self._decide(study, trial, msg, last),
-            cap=self._within_timeout,
+            deadline=pruning.deadline, decide=pruning.decide, cap=pruning.within_timeout,
             listeners=(lambda kind, msg: self._emit("report", trial, kind, msg),))
 
         def idle() -> None:
@@ -248,13 +243,13 @@ class TrialRunner:
                 asked.append(True)
 
         try:
-            for msg in channel.messages(process, lambda: limits["until"], idle):
+            for msg in channel.messages(process, lambda: limits.until, idle):
                 if msg.get("type") == "end":
                     end = msg
                     channel.reply(protocol.ACK)
                     break     # warm ranks now wait for the next plan; others exit
                 if msg.get("type") == "start":
-                    limits.update(until=time.monotonic() + training_limit, phase="training")
+                    limits.training()
                 reply = handler.answer(msg)
                 if reply is not None:
                     channel.reply(reply)
@@ -270,35 +265,7 @@ class TrialRunner:
             stop_reason = "study_timeout"
         result = classify(trial.number, end, code, process.tail() if end is None else "",
                           handler.best, handler.evals, stop_reason)
-        if end is None and time.monotonic() > limits["until"]:   # killed at its limit: say so
-            limit_detail(result, limits["phase"], setup_limit, training_limit,
-                         channel, launched_at)
+        if end is None and time.monotonic() > limits.until:   # killed at its limit: say so
+            limits.explain(result, channel, launched_at)
         result.curve = handler.curve
         return result
-
-    def _within_timeout(self, reply: dict[str, Any], elapsed: float) -> dict[str, Any]:
-        """``reply`` with its deadline no later than the study's ``timeout_s``: the trainer
-        stops on its own there, between evaluations, not at its next one."""
-        if self.stop_at is None:
-            return reply
-        cap = max(elapsed + self.stop_at - time.monotonic(), 1e-3)
-        deadline = reply.get("deadline_s")
-        return {**reply, "deadline_s": cap if deadline is None else min(float(deadline), cap)}
-
-    def _deadline(self, study: optuna.Study, last: float | None) -> float | None:
-        """The pruner's deadline for a trial; ``last`` when the study store is away."""
-        try:
-            with self._patience(0):
-                return study_deadline(self.pruner, study)
-        except StoreUnavailable:
-            return last
-
-    def _decide(self, study: optuna.Study, trial: optuna.Trial, msg: dict[str, Any],
-                last_deadline: float | None) -> dict[str, Any]:
-        """``decisions.eval_reply``; go on, with the last deadline, while the store is away."""
-        try:
-            with self._patience(0):
-                return eval_reply(self.pruner, study, trial, msg, now=time.monotonic(),
-                                  stop_at=self.stop_at)
-        except StoreUnavailable:
-            return protocol.go(last_deadline)
