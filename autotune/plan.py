@@ -3,7 +3,8 @@
 A plan is a JSON-ready dict that a trainer follows exactly: the global batch decomposed into
 micro-batch x gradient accumulation x world size, the peak LR from the scaling rule, the warmup
 and decay schedule over the planned epochs, the optimizer, label smoothing, the target and the
-time limits, plus the DeepSpeed config generated from all of that.
+time limits, the image size of each epoch (progressive resizing) and of evaluation, plus the
+DeepSpeed config generated from all of that.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from trainers.augment import AUGMENTATIONS
 from trainers.augment import DEFAULTS as AUGMENT_DEFAULTS
-from trainers.schedule import DECAYS, lr_at
+from trainers.schedule import DECAYS, RESOLUTION_MODES, image_sizes, lr_at
 
 from .errors import PlanError
 
@@ -45,7 +46,18 @@ PARAMETERS: dict[str, Any] = {
     "grad_clip_norm": 0.0,         # clip the global gradient norm to this; 0: no clipping
     "augment": "",                 # none | flip | crop | crop_flip | imagenet; "": what
                                    # trainer.data says, or its source's default
+    # Progressive resizing (trainers.schedule.image_sizes): 0 sizes mean the data's own.
+    "res_start": 0,                # training resolution (px) at the start; 0: no schedule
+    "res_end": 0,                  # ... from res_ramp_end on; 0: res_start
+    "res_mid": 0,                  # step mode: the size between the two steps; 0: none
+    "res_ramp_start": 0.0,         # share of the planned epochs where the ramp (step) starts
+    "res_ramp_end": 1.0,           # ... where it ends (the second step)
+    "res_mode": "linear",          # linear | step
+    "eval_res": 0,                 # evaluation resolution (px); 0: the data's own
 }
+# Models that take one input size only: no resolution schedule for them.
+FIXED_SIZE_MODELS = ("vit_", "maxvit_")
+MIN_SIZE, MAX_SIZE = 8, 1024
 REQUIRED = tuple(k for k, v in PARAMETERS.items() if v is None)
 
 
@@ -91,7 +103,8 @@ def split_batch(global_batch: int, world_size: int, max_micro_batch: int) -> tup
 
 # Plan parameters that take one of a few names, with those names.
 CHOICES: dict[str, tuple[str, ...]] = {"decay": tuple(DECAYS), "optimizer": OPTIMIZERS,
-                                       "augment": AUGMENTATIONS}
+                                       "augment": AUGMENTATIONS,
+                                       "res_mode": RESOLUTION_MODES}
 
 
 def value_problems(name: str, values: Iterable[Any]) -> list[str]:
@@ -141,7 +154,48 @@ def _params(sampled: Mapping[str, Any]) -> dict[str, Any]:
                         f"({params['warmup_epochs']}) >= 0")
     if params["lr_per_256"] <= 0:
         raise PlanError(f"lr_per_256 must be positive, got {params['lr_per_256']}")
+    _check_resolution(params)
     return params
+
+
+def _check_resolution(p: Mapping[str, Any]) -> None:
+    """A one-line PlanError unless the resolution parameters make a schedule."""
+    if p["res_mode"] not in RESOLUTION_MODES:
+        raise PlanError(f"unknown res_mode {p['res_mode']!r}; allowed: "
+                        f"{', '.join(RESOLUTION_MODES)}")
+    for name in ("res_start", "res_end", "res_mid", "eval_res"):
+        size = p[name]
+        if size != 0 and not (isinstance(size, int | float) and float(size).is_integer()
+                              and MIN_SIZE <= size <= MAX_SIZE):
+            raise PlanError(f"{name} {size!r} is not a size in pixels: use a whole number "
+                            f"from {MIN_SIZE} to {MAX_SIZE}, or 0 for the data's own")
+    start, end, mid = int(p["res_start"]), int(p["res_end"] or p["res_start"]), int(p["res_mid"])
+    if not start and (p["res_end"] or mid):
+        raise PlanError("res_end and res_mid need res_start: the schedule's first size")
+    if start > end:
+        raise PlanError(f"res_start {start} is above res_end {end}: a schedule grows the "
+                        "images (train small first)")
+    if mid and (p["res_mode"] != "step" or not start <= mid <= end):
+        raise PlanError(f"res_mid {mid} needs res_mode 'step' and a size from res_start "
+                        f"{start} to res_end {end}")
+    if not 0.0 <= p["res_ramp_start"] <= p["res_ramp_end"] <= 1.0:
+        raise PlanError(f"res_ramp_start {p['res_ramp_start']} and res_ramp_end "
+                        f"{p['res_ramp_end']} must be shares of the schedule with "
+                        "0 <= res_ramp_start <= res_ramp_end <= 1")
+
+
+def _image_sizes(p: Mapping[str, Any], epochs: int, model: str) -> tuple[list[int], int]:
+    """The plan's training size of each epoch ([] without a schedule) and evaluation size (0:
+    the data's own)."""
+    start, eval_size = int(p["res_start"]), int(p["eval_res"])
+    if (start or eval_size) and model.startswith(FIXED_SIZE_MODELS):
+        raise PlanError(f"model {model} takes images of one size only; remove res_start and "
+                        "eval_res from the space, or use a convolutional model")
+    if not start:
+        return [], eval_size
+    return image_sizes(epochs, start, int(p["res_end"] or start), mid=int(p["res_mid"]),
+                       ramp_start=float(p["res_ramp_start"]),
+                       ramp_end=float(p["res_ramp_end"]), mode=str(p["res_mode"])), eval_size
 
 
 def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_size: int,
@@ -165,6 +219,7 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
     peak = scale_lr(float(p["lr_per_256"]), batch, str(p["lr_scaling"]))
     on_gpu = hardware.device == "cuda"
     data = dict(trainer["data"])
+    sizes, eval_size = _image_sizes(p, epochs, str(trainer["model"]))
     augment = (p["augment"] or data.get("augment")
                or AUGMENT_DEFAULTS.get(str(data.get("kind", "digits")), "none"))
     return {
@@ -181,6 +236,7 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
         "no_wd_on_bn_bias": bool(trainer["no_wd_on_bn_bias"]),
         "zero_init_residual": bool(trainer["zero_init_residual"]),
         "label_smoothing": float(p["label_smoothing"]),
+        "image_sizes": sizes, "eval_size": eval_size,
         "target": {"metric": target["metric"], "value": float(target["value"])},
         "eval_every_steps": int(trainer["eval_every_steps"]),
         "eval_every_s": float(trainer["eval_every_s"]),
@@ -218,4 +274,16 @@ def derived_params(plan: Mapping[str, Any]) -> dict[str, Any]:
             "peak_lr": plan["peak_lr"],
             "first_lr": lr_at(0, plan["peak_lr"], sched) if sched["total_steps"] else 0.0,
             "model": plan["model"], "max_seconds": plan["max_seconds"],
-            "augment": plan.get("augment", "none")}
+            "augment": plan.get("augment", "none"),
+            "image_sizes": _sizes_text(plan.get("image_sizes") or [])}
+
+
+def _sizes_text(sizes: list[int]) -> str:
+    """A size schedule in a few words: ``128 px x 14, 224 px x 18, 288 px x 6``."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return ", ".join(f"{size} px x {n}" for size, n in runs) or "the data's own"

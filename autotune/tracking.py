@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 STUDY_TAG = "autotune.study"
 KIND_TAG = "autotune.kind"
 STUDY_KEY = "study"
-EVAL_METRICS = ("top1", "top5", "loss", "lr", "images_per_s", "elapsed_s", "epoch", "samples")
+EVAL_METRICS = ("top1", "top5", "loss", "lr", "images_per_s", "elapsed_s", "epoch", "samples",
+                "image_size")
 
 
 def trial_key(number: int) -> str:

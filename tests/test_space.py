@@ -134,12 +134,15 @@ def test_shipped_spaces_build_for_any_world_size(name, world_size):
 
 def test_imagenet_warm_starts_are_the_published_recipes_moved_to_the_world_size():
     space = load_space("resnet50_imagenet_dawnbench", world_size=128)
-    by_batch = {w["global_batch"]: w for w in space.warm_starts}
-    lars_32k = by_batch[32768]                                    # AIACC DAWNBench record
-    assert lars_32k["optimizer"] == "lars" and lars_32k["warmup_epochs"] == 14.0
+    lars_32k = [w for w in space.warm_starts if w["warmup_epochs"] == 14.0][0]   # AIACC
+    assert lars_32k["optimizer"] == "lars" and lars_32k["global_batch"] == 32768
     assert lars_32k["lr_per_256"] * 32768 / 256 == pytest.approx(25.0)
-    goyal = by_batch[8192]
-    assert goyal["lr_per_256"] == 0.1 and goyal["decay"] == "step" and goyal["epochs"] == 90
+    goyal = [w for w in space.warm_starts if w["epochs"] == 90][0]
+    assert goyal["global_batch"] == 8192 and goyal["lr_per_256"] == 0.1
+    assert goyal["decay"] == "step" and goyal["res_start"] == goyal["res_end"] == 224
+    seed = [w for w in space.warm_starts if w["epochs"] == 43][0]     # MoXing, 28,672 -> 32k
+    assert seed["global_batch"] == 32768 and seed["optimizer"] == "lars"
+    assert (seed["res_start"], seed["res_mid"], seed["res_end"]) == (128, 224, 288)
     small = load_space("resnet50_imagenet_mlperf", world_size=8)
     mlperf = [w for w in small.warm_starts if w.get("decay") == "poly"][0]
     assert mlperf["global_batch"] == 4096                         # 3,200 moved to 8 x 512

@@ -4,11 +4,13 @@
 
 The plan (JSON, written by autotune's worker) fixes everything: model, data, global batch as
 micro-batch x accumulation x world size, optimizer, peak LR and schedule, label smoothing,
-target, evaluation frequency, time limits, precision, augmentation, and where to checkpoint
-(its keys: :class:`trainers.protocol.Plan`). Rank 0 notes each setup phase and reports every
-evaluation through :mod:`trainers.reporter` (``--report-to HOST:PORT``; without it, JSON lines
-on stdout). With no evaluation cadence in the plan, it evaluates after every epoch and, within
-an epoch, as :func:`trainers.schedule.eval_interval` says (often enough for the trial's cap).
+target, evaluation frequency, time limits, precision, augmentation, the image size of each
+epoch (progressive resizing, switched between epochs in the same loader processes) and of
+evaluation, and where to checkpoint (its keys: :class:`trainers.protocol.Plan`). Rank 0 notes
+each setup phase and reports every evaluation through :mod:`trainers.reporter`
+(``--report-to HOST:PORT``; without it, JSON lines on stdout). With no evaluation cadence in
+the plan, it evaluates after every epoch and, within an epoch, as
+:func:`trainers.schedule.eval_interval` says (often enough for the trial's cap).
 
 Time accounting: the clock starts when rank 0 begins the first training step, after the
 process group, model and data are ready (that setup is ``setup_s``). Evaluation time counts.
@@ -144,6 +146,11 @@ class Trainer:
         self.control = Control(self.reporter, self.rank, self.state, plan["max_seconds"])
         signal.signal(signal.SIGTERM, self.control.on_sigterm)
 
+    def size_of(self, epoch: int) -> int | None:
+        """The training resolution of ``epoch`` (None: the data's own)."""
+        sizes = self.plan["image_sizes"]
+        return int(sizes[min(epoch, len(sizes) - 1)]) if sizes else None
+
     def _autocast(self) -> Any:
         if self.on_gpu and self.plan["precision"] == "bf16":
             return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -183,7 +190,7 @@ class Trainer:
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         with torch.no_grad(), self._autocast():
             for x, y in self.source.eval_batches(self.rank, self.world, self.plan["eval_batch"],
-                                                 self.augment):
+                                                 self.augment, self.plan["eval_size"] or None):
                 x, y = self._to_device(x, y)
                 logits = self.forward(x).float()
                 top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
@@ -239,10 +246,11 @@ class Trainer:
         samples_since, train_since = 0, 0.0
         reason, reached_at, stop = "planned_epochs", None, GO
         while st["epoch"] < plan["epochs"] and stop == GO and reason != "reached":
+            size = self.size_of(st["epoch"])
             batches = self.source.train_batches(st["epoch"], plan["seed"], self.rank, self.world,
                                                 spe * micro * accum, micro,
                                                 skip=st["step_in_epoch"] * accum,
-                                                augment=self.augment)
+                                                augment=self.augment, size=size)
             if plan.get("shard_log"):  # an audit trail: which samples this rank trains on
                 with open(f"{plan['shard_log']}.rank{self.rank}", "a") as log:
                     log.write(json.dumps({"epoch": st["epoch"],
@@ -304,7 +312,9 @@ class Trainer:
         st["evals"] += 1
         for k in ("top1", "top5"):
             st["best"][k] = max(st["best"][k], metrics[k])
+        size = self.size_of(st["epoch"])
         fields = {"index": st["evals"] - 1, "epoch": st["step"] / plan["steps_per_epoch"],
+                  **({"image_size": size} if size else {}),
                   "step": st["step"], "samples": st["step"] * plan["global_batch"],
                   "lr": self.scheduler.get_last_lr()[0],
                   "images_per_s": samples / max(train_s, 1e-9), **metrics}

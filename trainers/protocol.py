@@ -109,6 +109,8 @@ class Plan(TypedDict):
     no_wd_on_bn_bias: bool
     zero_init_residual: bool
     label_smoothing: float
+    image_sizes: list[int]      # training resolution of each epoch; []: the data's own
+    eval_size: int              # evaluation resolution; 0: the data's own
     target: dict[str, Any]      # {"metric": top1 | top5, "value": float}
     eval_every_steps: int       # 0 and eval_every_s 0: the default cadence
     eval_every_s: float

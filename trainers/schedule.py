@@ -1,4 +1,4 @@
-"""Learning-rate schedules as pure functions of the optimizer step.
+"""Learning-rate and image-size schedules as pure functions of the step or epoch.
 
 The worker uses these to preview a plan; the trainer uses them to drive its optimizer. Keeping
 one implementation guarantees that what MLflow shows as the planned schedule is what ran.
@@ -10,7 +10,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DECAYS", "EVALS_PER_CAP", "EVAL_SHARE", "eval_interval", "lr_factor", "lr_at"]
+__all__ = ["DECAYS", "EVALS_PER_CAP", "EVAL_SHARE", "RESOLUTION_MODES", "eval_interval",
+           "image_sizes", "lr_factor", "lr_at"]
 
 DECAYS = ("cosine", "linear", "poly", "step", "constant")
 
@@ -75,3 +76,35 @@ def eval_interval(max_seconds: float, eval_cost_s: float) -> float:
     if not max_seconds > 0 or not math.isfinite(max_seconds):
         return math.inf
     return max(max_seconds / EVALS_PER_CAP, eval_cost_s / EVAL_SHARE)
+
+
+RESOLUTION_MODES = ("linear", "step")
+SIZE_STEP = 8          # a linear ramp's sizes are multiples of this many pixels
+
+
+def image_sizes(epochs: int, start: int, end: int, *, mid: int = 0, ramp_start: float = 0.0,
+                ramp_end: float = 1.0, mode: str = "linear") -> list[int]:
+    """The training resolution of each epoch (0-based) of a progressive-resizing schedule.
+
+    Epoch ``e`` is at ``e / epochs`` of the planned schedule. ``linear`` (FFCV's form): ``start``
+    until ``ramp_start``, then rising linearly to ``end`` at ``ramp_end`` (rounded down to a
+    multiple of ``SIZE_STEP`` pixels, never below ``start``), ``end`` after. ``step`` (fast.ai's
+    and the DAWNBench seed's form): ``start`` until ``ramp_start``, then ``mid`` (or ``end``
+    when there is no middle size) until ``ramp_end``, then ``end``."""
+    if mode not in RESOLUTION_MODES:
+        raise ValueError(f"unknown resolution mode {mode!r}; allowed: "
+                         f"{', '.join(RESOLUTION_MODES)}")
+    sizes = []
+    for epoch in range(epochs):
+        share = epoch / epochs
+        if share < ramp_start:
+            size = start
+        elif share >= ramp_end:
+            size = end
+        elif mode == "step":
+            size = mid or end
+        else:
+            rising = start + (end - start) * (share - ramp_start) / (ramp_end - ramp_start)
+            size = max(start, int(rising) // SIZE_STEP * SIZE_STEP)
+        sizes.append(int(size))
+    return sizes

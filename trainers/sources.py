@@ -15,10 +15,10 @@ new processes.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +42,27 @@ class Source:
     val_len: int
 
     def train_batches(self, epoch: int, seed: int, rank: int, world: int, per_rank: int,
-                      micro: int, skip: int = 0, augment: str = "none") -> Iterator[Batch]:
+                      micro: int, skip: int = 0, augment: str = "none",
+                      size: int | None = None) -> Iterator[Batch]:
         """This rank's micro-batches of ``epoch``, after skipping ``skip`` of them, augmented
-        as ``augment`` says."""
+        as ``augment`` says, at ``size`` pixels (None: the source's own)."""
         order = digits.epoch_shard(self.train_len, epoch, seed, rank, world, per_rank)
         self.last_order = order[skip * micro:]  # what this rank is fed, for audits
-        return self._load_train(self.last_order, micro, augment)
+        return self._load_train(self.last_order, micro, augment, size)
 
-    def eval_batches(self, rank: int, world: int, batch: int,
-                     augment: str = "none") -> Iterator[Batch]:
+    def eval_batches(self, rank: int, world: int, batch: int, augment: str = "none",
+                     size: int | None = None) -> Iterator[Batch]:
         """This rank's share of the validation set, prepared as training with ``augment``
-        expects (never augmented)."""
-        return self._load_val(digits.eval_shard(self.val_len, rank, world), batch, augment)
+        expects (never augmented), at ``size`` pixels (None: the source's own)."""
+        return self._load_val(digits.eval_shard(self.val_len, rank, world), batch, augment,
+                              size)
 
-    def _load_train(self, indices: torch.Tensor, micro: int, augment: str) -> Iterator[Batch]:
+    def _load_train(self, indices: torch.Tensor, micro: int, augment: str,
+                    size: int | None) -> Iterator[Batch]:
         raise NotImplementedError
 
-    def _load_val(self, indices: torch.Tensor, batch: int, augment: str) -> Iterator[Batch]:
+    def _load_val(self, indices: torch.Tensor, batch: int, augment: str,
+                  size: int | None) -> Iterator[Batch]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -72,13 +76,16 @@ class InMemory(Source):
         self.train, self.val, self.num_classes = train, val, num_classes
         self.train_len, self.val_len = len(train), len(val)
 
-    def _load_train(self, indices: torch.Tensor, micro: int, augment: str) -> Iterator[Batch]:
+    def _load_train(self, indices: torch.Tensor, micro: int, augment: str,
+                    size: int | None) -> Iterator[Batch]:
         for idx in digits.batches(indices, micro):
-            yield augment_batch(self.train.images[idx], augment), self.train.labels[idx]
+            images = augment_batch(self.train.images[idx], augment)
+            yield resized(images, size), self.train.labels[idx]
 
-    def _load_val(self, indices: torch.Tensor, batch: int, augment: str) -> Iterator[Batch]:
+    def _load_val(self, indices: torch.Tensor, batch: int, augment: str,
+                  size: int | None) -> Iterator[Batch]:
         for idx in digits.batches(indices, batch):
-            yield self.val.images[idx], self.val.labels[idx]
+            yield resized(self.val.images[idx], size), self.val.labels[idx]
 
 
 class Synthetic(Source):
@@ -95,37 +102,73 @@ class Synthetic(Source):
         if on_gpu:  # kept on the device: a throughput test must not measure host copies
             self._pool = self._pool.cuda(torch.cuda.current_device())
             self._labels = self._labels.cuda(torch.cuda.current_device())
+        self._pools: dict[int | None, torch.Tensor] = {None: self._pool}
 
-    def _take(self, indices: torch.Tensor, batch: int) -> Iterator[Batch]:
+    def _take(self, indices: torch.Tensor, batch: int, size: int | None) -> Iterator[Batch]:
+        pool = self._pools.get(size)
+        if pool is None:             # one resized pool per size: resizing costs nothing later
+            pool = self._pools[size] = resized(self._pool, size)
         for idx in digits.batches(indices, batch):
-            slot = (idx % self._pool.shape[0]).to(self._pool.device)
-            yield self._pool[slot], self._labels[slot]
+            slot = (idx % pool.shape[0]).to(pool.device)
+            yield pool[slot], self._labels[slot]
 
-    def _load_train(self, indices: torch.Tensor, micro: int, augment: str) -> Iterator[Batch]:
-        return self._take(indices, micro)   # throughput only: never augmented
+    def _load_train(self, indices: torch.Tensor, micro: int, augment: str,
+                    size: int | None) -> Iterator[Batch]:
+        return self._take(indices, micro, size)   # throughput only: never augmented
 
-    def _load_val(self, indices: torch.Tensor, batch: int, augment: str) -> Iterator[Batch]:
-        return self._take(indices, batch)
+    def _load_val(self, indices: torch.Tensor, batch: int, augment: str,
+                  size: int | None) -> Iterator[Batch]:
+        return self._take(indices, batch, size)
 
 
-class _Indices(torch.utils.data.Sampler[int]):
-    """The indices a persistent loader reads next: set before each pass over them."""
+def resized(images: torch.Tensor, size: int | None) -> torch.Tensor:
+    """A batch of square images at ``size`` pixels (antialiased bilinear; None or the same
+    size: as it is)."""
+    if size is None or images.shape[-1] == size:
+        return images
+    return torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear",
+                                           antialias=True, align_corners=False)
+
+
+class _Indices(torch.utils.data.Sampler[tuple[int, int]]):
+    """What a persistent loader reads next, (index, size) pairs: set before each pass."""
 
     def __init__(self) -> None:
-        self.indices: list[int] = []
+        self.indices: list[tuple[int, int]] = []
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         return iter(self.indices)
 
     def __len__(self) -> int:
         return len(self.indices)
 
 
+class _Sized(torch.utils.data.Dataset[Batch]):
+    """An ImageFolder read by (index, size) pairs: the image at ``index`` prepared by
+    ``transform(size)`` (each loader process builds a size's transform once)."""
+
+    def __init__(self, folder: Any, transform: Callable[[int], Any]) -> None:
+        self.folder, self.transform = folder, transform
+        self._made: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, size = key
+        path, label = self.folder.samples[index]
+        prepare = self._made.get(size)
+        if prepare is None:
+            prepare = self._made[size] = self.transform(size)
+        return prepare(self.folder.loader(path)), label
+
+
 class ImageFolderSource(Source):
     """``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``, as ImageNet is laid out.
 
-    Training images at ``image_size``, augmented as the plan says; evaluation at ``eval_size``
-    (default ``image_size``), prepared to match (:func:`trainers.augment.eval_transform`).
+    Training images at ``image_size`` (or the plan's size of the epoch), augmented as the plan
+    says; evaluation at ``eval_size`` (default ``image_size``; or the plan's), prepared to
+    match (:func:`trainers.augment.eval_transform`).
     Images are decoded by ``loader_workers`` processes per rank and loader, kept alive between
     epochs, evaluations and trials (one training and one evaluation loader at a time).
     """
@@ -146,35 +189,36 @@ class ImageFolderSource(Source):
         self.pin = on_gpu
         self._loaders: dict[str, tuple[Any, Any, _Indices]] = {}  # train, val: key, loader
 
-    def _loader(self, part: str, dataset: Any, transform: Any, key: Any, indices: Sequence[int],
-                batch: int) -> Iterator[Batch]:
-        """Batches of ``indices`` from this part's loader, made anew only when ``key`` (the
-        transform and batch size) changed; its worker processes persist."""
+    def _loader(self, part: str, dataset: Any, transform: Callable[[int], Any], key: Any,
+                indices: Sequence[int], batch: int, size: int) -> Iterator[Batch]:
+        """Batches of ``indices`` at ``size`` pixels from this part's loader, made anew only
+        when ``key`` (the preparation and batch size) changed; its worker processes persist,
+        whatever the size: each index travels with its size (``_Sized``)."""
         from torch.utils.data import DataLoader
 
         held = self._loaders.get(part)
         if held is None or held[0] != key:
             self._loaders.pop(part, None)   # the old loader's workers end with it
-            view = copy.copy(dataset)       # shares the file list; its own transform
-            view.transform = transform
             sampler = _Indices()
-            loader = DataLoader(view, batch_size=batch, sampler=sampler,
+            loader = DataLoader(_Sized(dataset, transform), batch_size=batch, sampler=sampler,
                                 num_workers=self.workers, pin_memory=self.pin,
                                 drop_last=False, persistent_workers=self.workers > 0,
                                 prefetch_factor=4 if self.workers else None)
             held = self._loaders[part] = (key, loader, sampler)
         _, loader, sampler = held
-        sampler.indices = [int(i) for i in indices]
+        sampler.indices = [(int(i), size) for i in indices]
         yield from loader
 
-    def _load_train(self, indices: torch.Tensor, micro: int, augment: str) -> Iterator[Batch]:
-        return self._loader("train", self.train, image_transform(augment, self.size),
-                            (augment, micro), indices.tolist(), micro)
+    def _load_train(self, indices: torch.Tensor, micro: int, augment: str,
+                    size: int | None) -> Iterator[Batch]:
+        return self._loader("train", self.train, partial(image_transform, augment),
+                            (augment, micro), indices.tolist(), micro, size or self.size)
 
-    def _load_val(self, indices: torch.Tensor, batch: int, augment: str) -> Iterator[Batch]:
+    def _load_val(self, indices: torch.Tensor, batch: int, augment: str,
+                  size: int | None) -> Iterator[Batch]:
         prepare = "imagenet" if augment == "imagenet" else "none"  # the rest: alike
-        return self._loader("val", self.val, eval_transform(prepare, self.eval_size),
-                            (prepare, batch), indices.tolist(), batch)
+        return self._loader("val", self.val, partial(eval_transform, prepare),
+                            (prepare, batch), indices.tolist(), batch, size or self.eval_size)
 
     def close(self) -> None:
         self._loaders.clear()
