@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from autotune.errors import PlanError
 from autotune.plan import Hardware, resolve
