@@ -242,11 +242,11 @@ class SearchSpace:
         for c in self.constraints:
             lines.append(f"  constraint: {c.expr}")
         lines.append(f"  {len(self.warm_starts)} warm-start configuration(s)")
-        for n, point in enumerate(self.warm_starts, 1):
+        for number, point in enumerate(self.warm_starts, 1):
             if isinstance(point, Mapping):
                 shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                   for k, v in point.items())
-                lines.append(f"    {n}. {shown}")
+                lines.append(f"    {number}. {shown}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

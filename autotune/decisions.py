@@ -78,9 +78,12 @@ def _finite_or_none(value: Any) -> float | None:
 # -- an evaluation report -----------------------------------------------------------------------
 def curve_row(msg: dict[str, Any], planned_epochs: float) -> list[Any]:
     """The stored row of an evaluation: ``[elapsed_s, top1, top5, progress, loss]``, progress
-    being the share of the planned schedule done (epochs done / planned epochs)."""
-    return [round(float(msg["elapsed_s"]), 3), msg.get("top1"), msg.get("top5"),
-            round(float(msg["epoch"]) / planned_epochs, 4), _finite_or_none(msg.get("loss"))]
+    being the share of the planned schedule done (epochs done / planned epochs), and the
+    gradient noise scale after them when the trainer measured one."""
+    row = [round(float(msg["elapsed_s"]), 3), msg.get("top1"), msg.get("top5"),
+           round(float(msg["epoch"]) / planned_epochs, 4), _finite_or_none(msg.get("loss"))]
+    noise = _finite_or_none(msg.get("noise_scale"))
+    return row if noise is None else [*row, round(noise, 1)]
 
 
 def eval_writes(trial: optuna.Trial, msg: dict[str, Any], metric: str,
@@ -212,7 +215,7 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
     trial.set_user_attr(record.OUTCOME, result.outcome)
     trial.set_user_attr(record.STOP_REASON, result.reason)
     trial.set_user_attr(record.BEST_METRIC, result.best_metric)
-    for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps"):
+    for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps", "noise_scale"):
         if key in result.summary:
             trial.set_user_attr(key, result.summary[key])
     if result.detail:

@@ -29,7 +29,8 @@ _INDEX = {"top1": 1, "top5": 2}
 
 def learning_curve(rows: Sequence[Sequence[Any]], metric: str, target: float, title: str,
                    path: Path) -> Path:
-    """Accuracy against elapsed seconds, with the target line."""
+    """Accuracy against elapsed seconds, with the target line, and the gradient noise scale
+    where the rows carry it."""
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     times = [r[0] for r in rows]
     ax.plot(times, [r[_INDEX[metric]] for r in rows], marker="o", label=f"validation {metric}")
@@ -39,6 +40,14 @@ def learning_curve(rows: Sequence[Sequence[Any]], metric: str, target: float, ti
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
     ax.grid(alpha=0.3)
+    noise = [(r[0], r[5]) for r in rows if len(r) > 5 and r[5]]
+    if noise:   # the gradient noise scale the trainer measured, on its own axis
+        right = ax.twinx()
+        right.plot(*zip(*noise, strict=True), color="tab:purple", linestyle=":", marker=".",
+                   label="gradient noise scale")
+        right.set_ylabel("gradient noise scale (images)")
+        right.set_yscale("log")
+        right.legend(loc="center right")
     ax.legend(loc="lower right")
     return _save(fig, path)
 

@@ -32,7 +32,7 @@ OUTCOME = "outcome"                  # reached | censored | failed | infeasible
 STOP_REASON = "stop_reason"          # reached, bound, projection, rung, diverged, oom, ...
 DETAIL = "detail"                    # what went wrong, in words (failures)
 PARAMS = "params"                    # the sampled point, with derived values, as planned
-CURVE = "curve"                      # rows [elapsed_s, top1, top5, progress, loss]
+CURVE = "curve"                      # rows [elapsed_s, top1, top5, progress, loss(, noise)]
 ELAPSED = "elapsed_s"                # latest elapsed seconds; the TTA once reached
 BEST_METRIC = "best_metric"          # best value of the target metric
 TTA = "tta_s"                        # time to accuracy, once reached
@@ -64,22 +64,25 @@ RESUMED_REASONS = ("interrupted", "worker_lost")
 
 
 class CurveRow(NamedTuple):
-    """One evaluation as stored (a list: ``[elapsed_s, top1, top5, progress, loss]``)."""
+    """One evaluation as stored (a list: ``[elapsed_s, top1, top5, progress, loss]``, and the
+    gradient noise scale where the trainer measured one)."""
 
     elapsed_s: float
     top1: float | None
     top5: float | None
     progress: float          # share of the planned schedule done (0 where unknown)
     loss: float | None
+    noise_scale: float | None = None   # images (trainers.noise); None: not measured
 
 
 def curve_rows(attrs: dict[str, Any]) -> list[CurveRow]:
     """A trial's stored curve as named rows (rows of older studies, shorter, are padded)."""
     rows = []
     for row in attrs.get(CURVE) or []:
-        padded = [*row, None, None, None, None][:5]
+        padded = [*row, None, None, None, None, None][:6]
         rows.append(CurveRow(float(padded[0]), padded[1], padded[2],
-                             float(padded[3]) if padded[3] is not None else 0.0, padded[4]))
+                             float(padded[3]) if padded[3] is not None else 0.0, padded[4],
+                             padded[5]))
     return rows
 
 

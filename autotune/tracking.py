@@ -29,7 +29,7 @@ STUDY_TAG = "autotune.study"
 KIND_TAG = "autotune.kind"
 STUDY_KEY = "study"
 EVAL_METRICS = ("top1", "top5", "loss", "lr", "images_per_s", "elapsed_s", "epoch", "samples",
-                "image_size")
+                "image_size", "noise_scale")
 
 
 def trial_key(number: int) -> str:

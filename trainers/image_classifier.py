@@ -60,7 +60,7 @@ if __package__ in (None, ""):  # started as a script by the launcher
 import torch
 import torch.distributed as dist
 
-from trainers import _checkpoint
+from trainers import _checkpoint, noise
 from trainers._control import CHECKPOINT, DIVERGED, GO, OOM, REASONS, STOPPED, Control
 from trainers._rank import Clock, agree, is_oom, next_plan
 from trainers.models import build_model, build_optimizer
@@ -135,6 +135,11 @@ class Trainer:
                                                     config=plan["deepspeed"])
         if self.world == 1:  # nothing to average: skip DeepSpeed's gradient all-reduce
             self.engine.enable_backward_allreduce = False
+        # The gradient noise scale needs two batch sizes (ranks) and the gradients in the
+        # parameters (fp32: bf16 training accumulates them inside DeepSpeed's optimizer).
+        self.noise = (noise.NoiseScale(plan["micro_batch"] * plan["grad_accum"], self.world)
+                      if self.world > 1 and not plan["deepspeed"]["bf16"]["enabled"] else None)
+        self.noise_cost = 0.0
         if plan["compile"]:
             self.engine.compile()  # DeepSpeed compiles the wrapped module with torch.compile
         self.forward = self.engine
@@ -207,7 +212,7 @@ class Trainer:
     # -- training -----------------------------------------------------------------------------
     def _step(self, batches: Any) -> int:
         """One optimizer step (``grad_accum`` micro-batches); a stop code."""
-        for _ in range(self.plan["grad_accum"]):
+        for micro_step in range(self.plan["grad_accum"]):
             x, y = self._to_device(*next(batches))
             try:
                 with self._autocast():
@@ -220,8 +225,15 @@ class Trainer:
             code = agree(code)[0]
             if code != GO:
                 return code  # every rank leaves before backward: no collective hangs
+            scale = self.noise if micro_step == self.plan["grad_accum"] - 1 else None
+            measure = scale is not None and scale.due(self.state["step"])
             try:
+                if measure:   # the all-reduce waits until this rank's own norm is taken
+                    self.engine.enable_backward_allreduce = False
                 self.engine.backward(loss)
+                if scale is not None and measure:
+                    self.engine.enable_backward_allreduce = True
+                    self.noise_cost = noise.measure(scale, self.engine, self.world)
                 self.engine.step()
             except RuntimeError as e:
                 if not is_oom(e):
@@ -257,7 +269,11 @@ class Trainer:
                                           "indices": self.source.last_order.tolist()}) + "\n")
             while st["step_in_epoch"] < spe:
                 t = time.perf_counter()
+                self.noise_cost = 0.0
                 code = self._step(batches)
+                if self.noise is not None and self.noise_cost:   # the same step on every rank
+                    pace = self.noise.pace(self.noise_cost, time.perf_counter() - t)
+                    self.noise.schedule(st["step"], agree(pace)[0])
                 st["step"] += 1
                 st["step_in_epoch"] += 1
                 gap = eval_interval(plan["max_seconds"], self.last_eval_cost) if auto else every_s
@@ -295,6 +311,9 @@ class Trainer:
                    "wall_s": time.perf_counter() - self.wall0, "steps": st["step"],
                    "evals": st["evals"], "best_top1": st["best"]["top1"],
                    "best_top5": st["best"]["top5"], "micro_batch": micro}
+        if self.noise is not None and self.noise.value:
+            summary["noise_scale"] = self.noise.value
+            summary["noise_cost_s"] = self.noise.cost_s
         if saved_at is not None:
             summary["checkpoint"] = saved_in
             summary["checkpoint_elapsed_s"] = saved_at
@@ -315,6 +334,8 @@ class Trainer:
         size = self.size_of(st["epoch"])
         fields = {"index": st["evals"] - 1, "epoch": st["step"] / plan["steps_per_epoch"],
                   **({"image_size": size} if size else {}),
+                  **({"noise_scale": self.noise.value}
+                     if self.noise is not None and self.noise.value else {}),
                   "step": st["step"], "samples": st["step"] * plan["global_batch"],
                   "lr": self.scheduler.get_last_lr()[0],
                   "images_per_s": samples / max(train_s, 1e-9), **metrics}

@@ -1,0 +1,73 @@
+"""The gradient noise scale (trainers/noise.py): the two-batch-size estimator against gradients
+of known variance, its pace within its budget, and a real 2-rank trial that reports it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainers.noise import NoiseScale, squared_norm
+
+
+@pytest.mark.parametrize(("b", "world", "sigma"), [(8, 4, 0.1), (32, 2, 0.05), (4, 16, 0.3)])
+def test_the_estimate_finds_the_known_noise_scale(b, world, sigma):
+    # per-image gradients G + noise: tr(Sigma) = d sigma^2, |G|^2 = 1, so B_simple = d sigma^2
+    gen = torch.Generator().manual_seed(0)
+    d = 1000
+    true = torch.randn(d, generator=gen)
+    true /= true.norm()
+    noise = NoiseScale(b, world, smoothing=0.99)
+    for _ in range(400):
+        images = true + sigma * torch.randn(world, b, d, generator=gen)
+        per_rank = images.mean(dim=1)                   # each rank's gradient over b images
+        small = float(per_rank.pow(2).sum(dim=1).mean())    # the ranks' mean |G_b|^2
+        big = float(per_rank.mean(dim=0).pow(2).sum())      # the all-reduced |G_B|^2
+        noise.add(small, big)
+    expected = d * sigma ** 2
+    assert noise.value == pytest.approx(expected, rel=0.2)
+
+
+def test_one_rank_has_no_second_batch_size_and_no_estimate():
+    noise = NoiseScale(64, 1)
+    assert not noise.possible and not noise.due(0)
+    noise.add(2.0, 1.0)
+    assert noise.value is None
+
+
+def test_a_noise_dominated_start_gives_no_value_until_the_signal_shows():
+    noise = NoiseScale(8, 2)
+    noise.add(1.0, 0.4)            # |G|^2 estimate negative: no ratio yet
+    assert noise.value is None
+    for _ in range(100):
+        noise.add(1.0, 0.6)        # |G|^2 = (16 x 0.6 - 8) / 8 = 0.2, tr = 0.4 / (1/16) = 6.4
+    assert noise.value == pytest.approx(32.0, rel=0.05)
+
+
+def test_measuring_keeps_within_its_budget_of_the_step_time():
+    noise = NoiseScale(8, 2, budget=0.02)
+    assert noise.pace(0.001, 1.0) == 1            # 0.1% of a step: every step
+    assert noise.pace(0.05, 1.0) == 3             # 5% of a step: every third step
+    noise.schedule(10, 3)
+    assert not noise.due(12) and noise.due(13)
+    assert noise.cost_s == pytest.approx(0.051)
+
+
+def test_the_squared_norm_spans_every_tensor():
+    grads = [torch.full((3,), 2.0), torch.full((2, 2), 1.0)]
+    assert squared_norm(grads) == pytest.approx(3 * 4 + 4)
+    assert squared_norm([]) == 0.0
+
+
+def test_a_two_rank_trial_reports_the_noise_scale_at_each_evaluation(tmp_path):
+    from ._drive import drive, make_plan
+
+    messages = drive(make_plan(world=2, epochs=2), tmp_path)
+    evals = [m for m in messages if m["type"] == "eval"]
+    scales = [m.get("noise_scale") for m in evals]
+    assert all(s is not None and math.isfinite(s) and s > 0 for s in scales), scales
+    end = messages[-1]
+    assert end["noise_scale"] == scales[-1]
+    # its cost: within a few percent of the training time (budget 2%, one step's slack)
+    assert end["noise_cost_s"] < 0.05 * end["train_s"]

@@ -1,0 +1,113 @@
+"""The gradient noise scale, measured online from what data-parallel training computes anyway.
+
+McCandlish et al., "An Empirical Model of Large-Batch Training" (2018): the simple noise scale
+``B_simple = tr(Sigma) / |G|^2`` (Sigma: the per-image gradient covariance; G: the true
+gradient) is about the batch beyond which more images per step buy little: steps to a target
+go as ``S_min (1 + B_noise / B)``. Its appendix A estimates both terms from two batch sizes:
+each rank's gradient over its own ``b`` images before the all-reduce, and the all-reduced one
+over all ``B = b x world`` images::
+
+    |G|^2    ~ (B |G_B|^2 - b |G_b|^2) / (B - b)
+    tr(Sigma) ~ (|G_b|^2 - |G_B|^2) / (1/b - 1/B)
+
+each smoothed (their mean over the first 20 measurements, then an exponential moving average
+over about 20) before the ratio is taken, since either can be negative for a single step.
+``|G_b|^2`` is the ranks' mean. With one rank there is no second batch size, and no estimate;
+nor in bf16 training, whose gradients DeepSpeed accumulates inside its optimizer.
+
+The measurement is one more pass over the gradients on each rank and a scalar all-reduce; it
+is taken every ``every`` steps, chosen from its measured cost so that it stays within
+``budget`` (2%) of the training time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["NoiseScale"]
+
+
+class NoiseScale:
+    """Online estimate of ``B_simple`` for per-rank batch ``b`` over ``world`` ranks."""
+
+    def __init__(self, b: int, world: int, smoothing: float = 0.95, budget: float = 0.02
+                 ) -> None:
+        self.b, self.B = int(b), int(b) * int(world)
+        self.smoothing, self.budget = smoothing, budget
+        self.g2: float | None = None         # EMA of |G|^2
+        self.trace: float | None = None      # EMA of tr(Sigma)
+        self.measurements = 0
+        self.every, self._next = 1, 0
+        self.cost_s = 0.0                    # seconds all measurements took, in all
+
+    @property
+    def possible(self) -> bool:
+        return self.B > self.b
+
+    def add(self, small_sq: float, big_sq: float) -> None:
+        """One step's squared gradient norms: ``small_sq`` over ``b`` images (the ranks'
+        mean), ``big_sq`` over ``B`` images."""
+        if not self.possible or not (math.isfinite(small_sq) and math.isfinite(big_sq)):
+            return
+        b, B = self.b, self.B
+        g2 = (B * big_sq - b * small_sq) / (B - b)
+        trace = (small_sq - big_sq) / (1.0 / b - 1.0 / B)
+        self.measurements += 1
+        # the mean of the measurements so far, until it is an average over the window the
+        # smoothing factor gives (1 / (1 - smoothing) measurements); then an EMA
+        weight = max(1.0 / self.measurements, 1.0 - self.smoothing)
+        self.g2 = g2 if self.g2 is None else (1 - weight) * self.g2 + weight * g2
+        self.trace = trace if self.trace is None else (1 - weight) * self.trace + weight * trace
+
+    @property
+    def value(self) -> float | None:
+        """``B_simple`` in images, once both smoothed terms are positive (None before)."""
+        if self.g2 is None or self.trace is None or self.g2 <= 0 or self.trace <= 0:
+            return None
+        return self.trace / self.g2
+
+    def due(self, step: int) -> bool:
+        """Whether optimizer step ``step`` is measured."""
+        return self.possible and step >= self._next
+
+    def pace(self, seconds: float, step_s: float) -> int:
+        """After a measurement that took ``seconds`` in a step of ``step_s``: every how many
+        steps to measure so that measuring stays within the budget (every rank must then
+        agree on one pace: :meth:`schedule`)."""
+        self.cost_s += seconds
+        return max(1, math.ceil(seconds / (self.budget * step_s))) if step_s > 0 else 1
+
+    def schedule(self, step: int, every: int) -> None:
+        """The next measurement comes ``every`` steps after ``step``."""
+        self.every = max(1, int(every))
+        self._next = step + self.every
+
+
+def squared_norm(grads: Iterable[torch.Tensor]) -> float:
+    """The squared L2 norm of all of ``grads`` together."""
+    tensors = [g.detach() for g in grads]
+    if not tensors:
+        return 0.0
+    norms = torch._foreach_norm(tensors)
+    return float(torch.stack(norms).double().pow(2).sum())
+
+
+def measure(noise: NoiseScale, engine: object, world: int) -> float:
+    """Between a rank's backward (its all-reduce held back) and the step: this rank's squared
+    gradient norm, the all-reduce, the averaged gradient's; added to ``noise``. Returns the
+    seconds the extra work took (the all-reduce itself is training's)."""
+    t = time.perf_counter()
+    params = [p for p in engine.module.parameters() if p.grad is not None]  # type: ignore[attr-defined]
+    small = torch.tensor(squared_norm(p.grad for p in params), dtype=torch.float64)
+    extra = time.perf_counter() - t
+    engine.allreduce_gradients()  # type: ignore[attr-defined]
+    t = time.perf_counter()
+    dist.all_reduce(small)
+    big = squared_norm(p.grad for p in params)
+    noise.add(float(small) / world, big)
+    return extra + time.perf_counter() - t
