@@ -60,14 +60,18 @@ def test_the_squared_norm_spans_every_tensor():
     assert squared_norm([]) == 0.0
 
 
-def test_a_two_rank_trial_reports_the_noise_scale_at_each_evaluation(tmp_path):
+def test_a_two_rank_trial_reports_its_image_sizes_and_noise_scale_at_each_evaluation(tmp_path):
     from ._drive import drive, make_plan
 
-    messages = drive(make_plan(world=2, epochs=2), tmp_path)
+    plan = make_plan(world=2, epochs=3, res_start=16, res_end=32, res_ramp_end=2 / 3,
+                     eval_res=32)
+    assert plan["image_sizes"] == [16, 24, 32]          # progressive resizing, 16 -> 32 px
+    messages = drive(plan, tmp_path)
     evals = [m for m in messages if m["type"] == "eval"]
+    assert [m["image_size"] for m in evals] == [16, 24, 32]
     scales = [m.get("noise_scale") for m in evals]
     assert all(s is not None and math.isfinite(s) and s > 0 for s in scales), scales
     end = messages[-1]
-    assert end["noise_scale"] == scales[-1]
+    assert end["reason"] == "planned_epochs" and end["noise_scale"] == scales[-1]
     # its cost: within a few percent of the training time (budget 2%, one step's slack)
     assert end["noise_cost_s"] < 0.05 * end["train_s"]

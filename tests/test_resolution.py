@@ -132,15 +132,3 @@ def test_the_digits_space_checks_a_schedule_it_searches(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode != 0
     assert "res_mode: 'cubic' is not allowed; use one of linear, step" in out.stdout + out.stderr
-
-
-def test_a_trainer_trains_each_epoch_at_its_planned_size_and_says_so(tmp_path):
-    from ._drive import drive, make_plan
-
-    plan = make_plan(world=1, epochs=3, res_start=16, res_end=32, res_ramp_end=2 / 3,
-                     eval_res=32)
-    assert plan["image_sizes"] == [16, 24, 32]
-    messages = drive(plan, tmp_path)
-    evals = [m for m in messages if m["type"] == "eval"]
-    assert [m["image_size"] for m in evals] == [16, 24, 32]
-    assert messages[-1]["reason"] == "planned_epochs"
