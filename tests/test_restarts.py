@@ -131,6 +131,7 @@ def test_the_study_server_restarts_mid_trial_and_the_worker_carries_on(postgres,
     assert trial.user_attrs["control_s"] < 5.0          # the trainer did not wait it out
 
 
+@pytest.mark.slow    # a minute; the study server's restart (default suite) rides out the same
 def test_postgresql_restarts_mid_trial_and_the_study_carries_on(own_postgres, tmp_path):
     def restart_database(server, port):
         own_postgres.stop()

@@ -63,9 +63,9 @@ import torch.distributed as dist
 from trainers import _checkpoint, noise
 from trainers._control import CHECKPOINT, DIVERGED, GO, OOM, REASONS, STOPPED, Control
 from trainers._rank import Clock, agree, is_oom, next_plan
-from trainers.models import build_model, build_optimizer
+from trainers.models import build_engine, evaluate
 from trainers.reporter import Reporter, connect
-from trainers.schedule import eval_interval, lr_factor
+from trainers.schedule import eval_interval
 from trainers.sources import Source, kept_source
 
 _SERVED = [0]                     # trials this process has begun (more than 1: warm ranks)
@@ -122,26 +122,13 @@ class Trainer:
         self._phase("data")
         self.source: Source = kept_source(plan["data"], self.on_gpu)
         self._phase("model")
-        model = build_model(plan, self.source.num_classes).to(self.device)
-        if self.on_gpu:
-            model = model.to(memory_format=torch.channels_last)
-        optimizer = build_optimizer(model, plan)
-        schedule = plan["schedule"]
-        self._phase("engine")
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, schedule))
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                    lr_scheduler=self.scheduler,
-                                                    config=plan["deepspeed"])
-        if self.world == 1:  # nothing to average: skip DeepSpeed's gradient all-reduce
-            self.engine.enable_backward_allreduce = False
+        self.engine, self.scheduler = build_engine(plan, self.source.num_classes, self.device,
+                                                   self.world, on_phase=self._phase)
         # The gradient noise scale needs two batch sizes (ranks) and the gradients in the
         # parameters (fp32: bf16 training accumulates them inside DeepSpeed's optimizer).
         self.noise = (noise.NoiseScale(plan["micro_batch"] * plan["grad_accum"], self.world)
                       if self.world > 1 and not plan["deepspeed"]["bf16"]["enabled"] else None)
         self.noise_cost = 0.0
-        if plan["compile"]:
-            self.engine.compile()  # DeepSpeed compiles the wrapped module with torch.compile
         self.forward = self.engine
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])
         if plan["resume_from"]:
@@ -183,31 +170,11 @@ class Trainer:
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Top-1, top-5 and mean loss over the whole validation set, sharded over the ranks.
-
-        Every rank first takes rank 0's buffers (BatchNorm's running statistics, which each
-        rank updates from its own batches), so the ranks evaluate one model: the one rank 0
-        saves."""
-        if self.world > 1:
-            for buffer in self.engine.module.buffers():
-                dist.broadcast(buffer, src=0)
-        self.engine.eval()
-        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
-        with torch.no_grad(), self._autocast():
-            for x, y in self.source.eval_batches(self.rank, self.world, self.plan["eval_batch"],
-                                                 self.augment, self.plan["eval_size"] or None):
-                x, y = self._to_device(x, y)
-                logits = self.forward(x).float()
-                top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-                sums[0] += (top5[:, 0] == y).sum()
-                sums[1] += (top5 == y[:, None]).any(dim=1).sum()
-                sums[2] += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
-                sums[3] += len(y)
-        dist.all_reduce(sums)
-        self.engine.train()
-        n = sums[3].item()
-        return {"top1": sums[0].item() / n, "top5": sums[1].item() / n,
-                "loss": sums[2].item() / n}
+        """Top-1, top-5 and mean loss over the whole validation set (``models.evaluate``)."""
+        batches = self.source.eval_batches(self.rank, self.world, self.plan["eval_batch"],
+                                           self.augment, self.plan["eval_size"] or None)
+        return evaluate(self.engine, (self._to_device(x, y) for x, y in batches), self.world,
+                        self.device, self._autocast)
 
     # -- training -----------------------------------------------------------------------------
     def _step(self, batches: Any) -> int:

@@ -1,13 +1,19 @@
-"""The model and optimizer a plan names: a torchvision classification model, and SGD, LARS
-or LAMB over parameter groups (no weight decay on BatchNorm and biases when the plan says so)."""
+"""The model a plan names and what runs it: a torchvision classification model; SGD, LARS or
+LAMB over parameter groups (no weight decay on BatchNorm and biases when the plan says so);
+DeepSpeed's engine over them with the plan's LR schedule; and the evaluation of that model on
+every rank's share of the validation set."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["build_model", "build_optimizer"]
+from trainers.schedule import lr_factor
+
+__all__ = ["build_engine", "build_model", "build_optimizer", "evaluate"]
 
 
 def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
@@ -43,3 +49,52 @@ def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim
 
         return Lamb(groups, lr=plan["peak_lr"], betas=(opt["momentum"], 0.999))
     raise ValueError(f"unknown optimizer {opt['name']!r}; allowed: sgd, lars, lamb")
+
+
+def build_engine(plan: dict[str, Any], num_classes: int, device: torch.device, world: int,
+                 on_phase: Callable[[str], None] = lambda name: None) -> tuple[Any, Any]:
+    """DeepSpeed's engine over the plan's model and optimizer, with its LR schedule; and that
+    schedule (its LR is each evaluation's ``lr``). ``on_phase("engine")`` as the engine is
+    set up (setup notes)."""
+    import deepspeed
+
+    model = build_model(plan, num_classes).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(model, plan)
+    schedule = plan["schedule"]
+    on_phase("engine")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, schedule))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                           lr_scheduler=scheduler, config=plan["deepspeed"])
+    if world == 1:  # nothing to average: skip DeepSpeed's gradient all-reduce
+        engine.enable_backward_allreduce = False
+    if plan["compile"]:
+        engine.compile()  # DeepSpeed compiles the wrapped module with torch.compile
+    return engine, scheduler
+
+
+def evaluate(engine: Any, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], world: int,
+             device: torch.device, autocast: Callable[[], Any]) -> dict[str, float]:
+    """Top-1, top-5 and mean loss over the validation set, each rank on its share
+    (``batches``, on ``device``), summed over the ranks.
+
+    Every rank first takes rank 0's buffers (BatchNorm's running statistics, which each rank
+    updates from its own batches), so the ranks evaluate one model: the one rank 0 saves."""
+    if world > 1:
+        for buffer in engine.module.buffers():
+            dist.broadcast(buffer, src=0)
+    engine.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    with torch.no_grad(), autocast():
+        for x, y in batches:
+            logits = engine(x).float()
+            top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            sums[0] += (top5[:, 0] == y).sum()
+            sums[1] += (top5 == y[:, None]).any(dim=1).sum()
+            sums[2] += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+            sums[3] += len(y)
+    dist.all_reduce(sums)
+    engine.train()
+    n = sums[3].item()
+    return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n}
