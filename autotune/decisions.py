@@ -215,7 +215,8 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
     trial.set_user_attr(record.OUTCOME, result.outcome)
     trial.set_user_attr(record.STOP_REASON, result.reason)
     trial.set_user_attr(record.BEST_METRIC, result.best_metric)
-    for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps", "noise_scale"):
+    for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps",
+                record.NOISE_SCALE):
         if key in result.summary:
             trial.set_user_attr(key, result.summary[key])
     if result.detail:

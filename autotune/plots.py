@@ -77,6 +77,11 @@ def _tta_vs_batch(trials: Sequence[FrozenTrial], path: Path) -> Path:
         pts = [(b, v) for b, v in pts if b]
         if pts:
             ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, label=label)
+    measured = [float(t.user_attrs[record.NOISE_SCALE]) for t in trials
+                if isinstance(t.user_attrs.get(record.NOISE_SCALE), int | float)]
+    if measured:   # the gradient noise scale the trials measured (trainers.noise)
+        ax.axvspan(min(measured), max(measured), color="tab:purple", alpha=0.15,
+                   label=f"gradient noise scale measured ({len(measured)} trials)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch")
     ax.set_ylabel("seconds")

@@ -25,6 +25,12 @@ start leaves the medians as they are (a median study finds the goal within its f
 trials) and adds to the means in the replay, where refining a good configuration returns its
 recorded curve again; in a real study it tunes near the best.
 
+Once three trials have measured their gradient noise scale (the trainer's ``noise_scale``,
+:mod:`trainers.noise`), spread points keep their global batch within ``BATCH_FACTOR`` (8) x the
+largest one measured (``batch_cap``): beyond it a batch buys almost no fewer steps for its
+images. TPE's proposals are not capped; a space without ``global_batch``, or a study whose
+trainers measure nothing (one rank, bf16), is never capped.
+
 Workers need no coordination beyond the study store: running trials count as tried, so two
 workers asking one after the other spread apart (each worker draws its own candidates).
 """
@@ -38,7 +44,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import FrozenTrial, TrialState
 
@@ -46,9 +57,49 @@ from . import record
 from ._spread import farthest
 from .pruners import Curve
 
-__all__ = ["ExploringTPESampler", "SpreadSampler", "planned_seconds"]
+__all__ = ["BATCH_FACTOR", "ExploringTPESampler", "SpreadSampler", "batch_cap",
+           "planned_seconds"]
 
 _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+# Global batches above this many times the largest measured gradient noise scale are not
+# proposed: epochs to a target grow as E_min (1 + B / B_noise) (McCandlish et al. 2018), so
+# such a batch needs over 9 x the fewest epochs, and the largest measurement so far errs low
+# (the noise scale grows as training goes on).
+BATCH_FACTOR = 8.0
+NOISE_TRIALS = 3    # trials that measured a noise scale before the cap applies
+
+
+def batch_cap(trials: Sequence[FrozenTrial]) -> float | None:
+    """The largest global batch worth proposing: ``BATCH_FACTOR`` x the largest noise scale the
+    study's trials measured, once ``NOISE_TRIALS`` have (None before: no cap)."""
+    measured = []
+    for t in trials:
+        value = t.user_attrs.get(record.NOISE_SCALE)
+        if isinstance(value, int | float) and math.isfinite(value) and value > 0:
+            measured.append(float(value))
+    return BATCH_FACTOR * max(measured) if len(measured) >= NOISE_TRIALS else None
+
+
+def capped(space: dict[str, BaseDistribution], cap: float | None
+           ) -> dict[str, BaseDistribution]:
+    """``space`` with ``global_batch`` kept to values up to ``cap`` (its smallest at least)."""
+    dist = space.get("global_batch")
+    if cap is None or dist is None:
+        return space
+    if isinstance(dist, CategoricalDistribution):
+        numbers = [c for c in dist.choices if isinstance(c, int | float)]
+        kept = [c for c in numbers if c <= cap] or ([min(numbers)] if numbers else [])
+        if kept and len(kept) < len(dist.choices):
+            return {**space, "global_batch": CategoricalDistribution(kept)}
+    elif isinstance(dist, IntDistribution | FloatDistribution) and dist.high > cap:
+        high = max(dist.low, cap)
+        if isinstance(dist, IntDistribution):
+            step = dist.step or 1
+            high = dist.low + int((high - dist.low) // step) * step
+            return {**space, "global_batch": IntDistribution(int(dist.low), int(high),
+                                                               log=dist.log, step=dist.step)}
+        return {**space, "global_batch": FloatDistribution(dist.low, high, log=dist.log)}
+    return space
 
 
 def planned_seconds(trial: FrozenTrial) -> float | None:
@@ -116,7 +167,8 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         tried = [t for t in study.get_trials(deepcopy=False, states=_TRIED)
                  if t.number != trial.number]
         costs = self._costs(tried) if self.cost_weight > 0 else None
-        return farthest(search_space, [t.params for t in tried], self._rng, self.candidates,
+        allowed = capped(search_space, batch_cap(tried))
+        return farthest(allowed, [t.params for t in tried], self._rng, self.candidates,
                         costs=costs, cost_weight=self.cost_weight, neighbours=self.neighbours)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,

@@ -31,3 +31,20 @@ def test_no_importance_plot_and_no_warning_from_a_single_trial(tmp_path):
 def test_importance_plot_once_trials_differ(tmp_path):
     path = _importance(_study([float(i % 5) for i in range(20)]), tmp_path / "importance.png")
     assert path is not None and path.is_file()
+
+
+def test_the_batch_picture_and_the_learning_curve_show_the_noise_scale(tmp_path):
+    from autotune.plots import _tta_vs_batch, learning_curve
+
+    trials = [optuna.trial.create_trial(
+        params={"x": 0.5}, distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+        value=10.0 + b, user_attrs={"outcome": "reached", "elapsed_s": 10.0 + b,
+                                    "params": {"global_batch": b}, "noise_scale": 40.0 * k})
+        for k, b in enumerate((32, 64, 128), 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _tta_vs_batch(trials, tmp_path / "batch.png").stat().st_size > 0
+        rows = [[1.0, 0.2, 0.5, 0.25, 2.0, 900.0], [2.0, 0.6, 0.9, 0.5, 1.0, 1200.0],
+                [3.0, 0.8, 0.95, 0.75, 0.5]]     # an older row, without the noise scale
+        path = learning_curve(rows, "top1", 0.9, "trial 0", tmp_path / "curve.png")
+        assert path.stat().st_size > 0

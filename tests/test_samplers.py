@@ -218,3 +218,39 @@ def test_bad_settings_are_refused():
         ExploringTPESampler(failed_cost=0.0)
     with pytest.raises(ValueError, match="neighbours"):
         SpreadSampler(neighbours=0)
+
+
+def _batch_study(noise_scales: list[float]) -> optuna.Study:
+    """A study whose finished trials measured these noise scales (one each, batch 16)."""
+    study = optuna.create_study(direction="minimize", sampler=SpreadSampler(seed=3))
+    space = {"global_batch": CategoricalDistribution([16, 32, 64, 128, 256, 512]),
+             "lr": FloatDistribution(0.01, 1.0, log=True)}
+    for i, scale in enumerate(noise_scales):
+        trial = optuna.trial.create_trial(
+            params={"global_batch": 16, "lr": 0.01 * (i + 1)}, distributions=space,
+            value=float(i + 1), user_attrs={"noise_scale": scale})
+        study.add_trial(trial)
+    return study
+
+
+def _batches(study: optuna.Study, n: int) -> list[int]:
+    found = []
+    for _ in range(n):
+        trial = study.ask()
+        found.append(trial.suggest_categorical("global_batch", [16, 32, 64, 128, 256, 512]))
+        trial.suggest_float("lr", 0.01, 1.0, log=True)
+        study.tell(trial, 1.0)
+    return found
+
+
+def test_a_study_keeps_its_batches_within_the_factor_of_the_measured_noise_scale():
+    from autotune.samplers import BATCH_FACTOR, batch_cap
+
+    capped = _batches(_batch_study([4.0, 6.0, 8.0]), 20)     # cap: 8 x 8 = 64 images
+    assert BATCH_FACTOR == 8.0 and batch_cap(_batch_study([4.0, 6.0, 8.0]).trials) == 64.0
+    assert max(capped) <= 64 and len(set(capped)) > 1
+    # fewer than three measurements: no cap, the whole range is explored
+    free = _batches(_batch_study([4.0, 6.0]), 20)
+    assert max(free) > 64
+    # a cap below every batch keeps the smallest
+    assert set(_batches(_batch_study([0.5, 0.5, 1.0]), 5)) == {16}
