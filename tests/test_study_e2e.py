@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+import pytest
 from mlflow import MlflowClient
 
 from autotune.config import resolve_tracking_uri
@@ -148,6 +149,7 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     assert {"distributed", "data", "model", "engine"} <= set(first.user_attrs["setup_phases"])
 
 
+@pytest.mark.slow    # half a minute; the timeout's reply and record are unit-tested
 def test_a_study_keeps_its_timeout_and_says_which_trial_it_stopped(tmp_path):
     """timeout_s is kept between evaluations: the running trial is stopped at the study's
     deadline (study_timeout), not at its next evaluation or its cap, and the summary says so."""
