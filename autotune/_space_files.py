@@ -45,7 +45,7 @@ def check_space(space: SearchSpace, points: int = 64) -> list[str]:
     study is written, not after its first hundred draws."""
     import optuna
 
-    from .plan import name_problems, value_problems
+    from .plan import name_problems, schedule_problems, value_problems
 
     if space.define_by_run is not None:  # it may set any name; the plan checks each trial
         return []
@@ -55,6 +55,9 @@ def check_space(space: SearchSpace, points: int = 64) -> list[str]:
             problems.extend(value_problems(p.name, p.choices))
         elif isinstance(p, Fixed):
             problems.extend(value_problems(p.name, [p.value]))
+    for n, point in enumerate(space.warm_starts, 1):
+        if isinstance(point, dict):
+            problems.extend(f"warm start {n}: {why}" for why in schedule_problems(point))
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # no "study created" line
     try:

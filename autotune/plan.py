@@ -21,7 +21,7 @@ from trainers.schedule import DECAYS, RESOLUTION_MODES, image_sizes, lr_at
 from .errors import PlanError
 
 __all__ = ["PARAMETERS", "SCALING_RULES", "Hardware", "scale_lr", "split_batch", "resolve",
-           "derived_params", "name_problems"]
+           "derived_params", "name_problems", "schedule_problems", "value_problems"]
 
 SCALING_RULES = ("linear", "sqrt", "none")
 OPTIMIZERS = ("sgd", "lars", "lamb")
@@ -107,8 +107,16 @@ CHOICES: dict[str, tuple[str, ...]] = {"decay": tuple(DECAYS), "optimizer": OPTI
                                        "res_mode": RESOLUTION_MODES}
 
 
+SIZES = ("res_start", "res_end", "res_mid", "eval_res")   # pixels; 0: the data's own
+
+
 def value_problems(name: str, values: Iterable[Any]) -> list[str]:
     """What is wrong with the values a search space may give plan parameter ``name``."""
+    if name in SIZES:
+        return [f"{name}: {v!r} is not a size in pixels; use a whole number from {MIN_SIZE} "
+                f"to {MAX_SIZE}, or 0 for the data's own" for v in values
+                if v != 0 and not (isinstance(v, int | float) and float(v).is_integer()
+                                   and MIN_SIZE <= v <= MAX_SIZE)]
     allowed = CHOICES.get(name)
     if allowed is None:
         return []
@@ -156,6 +164,15 @@ def _params(sampled: Mapping[str, Any]) -> dict[str, Any]:
         raise PlanError(f"lr_per_256 must be positive, got {params['lr_per_256']}")
     _check_resolution(params)
     return params
+
+
+def schedule_problems(point: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the image-size schedule a point (a warm start) sets."""
+    try:
+        _check_resolution({**PARAMETERS, **{k: v for k, v in point.items() if k in PARAMETERS}})
+    except PlanError as e:
+        return [str(e)]
+    return []
 
 
 def _check_resolution(p: Mapping[str, Any]) -> None:

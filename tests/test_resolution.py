@@ -132,3 +132,17 @@ def test_the_digits_space_checks_a_schedule_it_searches(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode != 0
     assert "res_mode: 'cubic' is not allowed; use one of linear, step" in out.stdout + out.stderr
+
+
+def test_space_check_refuses_a_size_out_of_range_and_a_warm_start_that_shrinks():
+    from autotune import Categorical, Float, Int, SearchSpace
+    from autotune.space import check_space
+
+    space = SearchSpace(Categorical("global_batch", [64, 128]),
+                        Float("lr_per_256", 0.05, 0.4, log=True), Int("epochs", 4, 8),
+                        Categorical("res_start", [4, 32]), Categorical("res_end", [16]),
+                        warm_starts=[{"global_batch": 64, "lr_per_256": 0.1, "epochs": 4,
+                                      "res_start": 32, "res_end": 16}], name="bad")
+    problems = check_space(space)
+    assert any(p.startswith("res_start: 4 is not a size in pixels") for p in problems)
+    assert any(p.startswith("warm start 1: res_start 32 is above res_end 16") for p in problems)
