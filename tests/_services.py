@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MlflowServer", "PostgresServer", "autotune", "free_port", "one_storage",
+__all__ = ["Background", "MlflowServer", "PostgresServer", "autotune", "free_port", "one_storage",
            "wait_for_port"]
 
 
@@ -160,12 +160,34 @@ class MlflowServer:
             self.process.wait(30)
 
 
-def autotune(*args: str, cwd: Path) -> subprocess.Popen[str]:
+class Background(subprocess.Popen):  # type: ignore[type-arg]
+    """A process whose output goes to files, not pipes: nobody has to read it while it runs
+    (a pipe nobody reads fills at 64 KiB and stops a chatty server or worker mid-test).
+    ``communicate`` waits and returns what it wrote; ``output()`` reads it so far."""
+
+    def __init__(self, args: list[str], **kwargs: Any) -> None:
+        self._files = (tempfile.TemporaryFile(mode="w+"), tempfile.TemporaryFile(mode="w+"))
+        super().__init__(args, stdout=self._files[0], stderr=self._files[1], text=True,
+                         **kwargs)
+
+    def output(self) -> tuple[str, str]:
+        texts = []
+        for f in self._files:
+            f.flush()
+            f.seek(0)
+            texts.append(f.read())
+        return texts[0], texts[1]
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return self.output()
+
+
+def autotune(*args: str, cwd: Path) -> Background:
     """``autotune ARGS`` started in the background, as a user would in another terminal."""
     root = str(Path(__file__).resolve().parent.parent)
-    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": root})
+    return Background([sys.executable, "-m", "autotune", *args], cwd=cwd,
+                      env={**os.environ, "PYTHONPATH": root})
 
 
 def wait_for_port(port: int, timeout_s: float = 60) -> None:

@@ -96,8 +96,19 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_on_the_other_worker(
                     victim_trial = t
                     victim = next(w for w in workers if w.pid == pid)
                     break
+            if victim is None and (study.poll() is not None
+                                   or any(w.poll() is not None for w in workers)):
+                break                   # something ended before any trial could be caught
             time.sleep(0.2)
-        assert victim is not None, "no trial saved a checkpoint in time"
+        if victim is None:
+            trials = optuna.load_study(study_name="crash", storage=storage).trials
+            seen = [(t.number, t.state.name, t.user_attrs.get("outcome"),
+                     len(t.user_attrs.get("curve", [])), bool(t.user_attrs.get("checkpoint")))
+                    for t in trials]
+            tails = [p.output()[1][-1500:] for p in (server, study, *workers)]
+            raise AssertionError(f"no running trial with a checkpoint was caught; trials "
+                                 f"{seen}; study exit {study.poll()}, workers' "
+                                 f"{[w.poll() for w in workers]}; stderr tails {tails}")
         killed_at = time.time()
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)

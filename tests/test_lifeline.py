@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ._services import Background
+
 ROOT = Path(__file__).resolve().parent.parent
 
 WORKER = """
@@ -138,10 +140,9 @@ def test_ctrl_c_or_sigterm_to_start_study_ends_its_trial_and_leaves_nothing_runn
     import optuna
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    study = subprocess.Popen(
+    study = Background(
         [sys.executable, "-m", "autotune", "start", "study", "quickstart", "--n-trials", "3",
-         "--max-trial-seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+         "--max-trial-seconds", "120"], cwd=tmp_path, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not _trainers_under(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
+from ._services import Background
 from .conftest import ROOT
 
 pytestmark = [pytest.mark.mlflow_server, pytest.mark.postgres]
@@ -27,12 +27,11 @@ def _wait_for(path: Path, timeout_s: float) -> None:
 
 def test_a_study_survives_mlflow_going_down_and_loses_no_record(mlflow_server, tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    study_proc = subprocess.Popen(
+    study_proc = Background(
         [sys.executable, "-m", "autotune", "start", "study", "quickstart", "--n-trials", "3",
          "--max-trial-seconds", "60", "--storage", storage,
          "--tracking-uri", mlflow_server.url],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     # MLflow goes down while the first trial trains, and stays down for a minute.
     _wait_for(tmp_path / "autotune-runs" / "quickstart" / "trial-0" / "trainer.log", 120)
     mlflow_server.stop()

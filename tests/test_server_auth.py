@@ -19,7 +19,7 @@ from autotune.control import ControlClient
 from autotune.errors import ConfigError
 from autotune.store import open_storage
 
-from ._services import autotune, free_port, wait_for_port
+from ._services import Background, autotune, free_port, wait_for_port
 from .conftest import run_cli
 
 pytestmark = pytest.mark.postgres
@@ -37,13 +37,12 @@ def _storage_calls() -> list[tuple[str, object]]:
 
 
 def _start_server(url: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
-                  ) -> tuple[subprocess.Popen[str], int]:
+                  ) -> tuple[Background, int]:
     port = free_port()
     root = str(Path(__file__).resolve().parent.parent)
-    server = subprocess.Popen([sys.executable, "-m", "autotune", "server", "--storage", url,
-                               "--port", str(port), *extra], cwd=tmp_path, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**os.environ, "PYTHONPATH": root, **(env or {})})
+    server = Background([sys.executable, "-m", "autotune", "server", "--storage", url,
+                         "--port", str(port), *extra], cwd=tmp_path,
+                        env={**os.environ, "PYTHONPATH": root, **(env or {})})
     try:
         wait_for_port(port)
     except AssertionError:
@@ -53,7 +52,7 @@ def _start_server(url: str, tmp_path: Path, *extra: str, env: dict[str, str] | N
     return server, port
 
 
-def _stop(server: subprocess.Popen[str]) -> str:
+def _stop(server: Background) -> str:
     server.terminate()
     _, err = server.communicate(timeout=30)
     return err
