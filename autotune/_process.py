@@ -122,6 +122,14 @@ class TrainerProcess:
         self._code = code
         return code
 
+    def unheard_exit(self, grace_s: float = 3.0) -> int:
+        """The exit code of a trainer that ended without its end report: its ranks get
+        ``grace_s`` to exit on their own (a script that left early), and the launcher then
+        exits with their code; ranks still running after that are killed."""
+        if self.running() and not self._ranks_exit(grace_s):
+            self.kill()
+        return self.wait(30.0)
+
     def _ranks_exit(self, timeout_s: float) -> bool:
         """Waits until the launcher has no live child; False if it is gone or time is up."""
         deadline = time.monotonic() + timeout_s
@@ -193,8 +201,13 @@ class ReportChannel:
         while time.monotonic() <= limit():
             while b"\n" in self._buffer:
                 line, self._buffer = self._buffer.split(b"\n", 1)
-                message = json.loads(line)
-                if isinstance(message, dict) and message.get("type") == "setup":
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    message = None
+                if not isinstance(message, dict):   # the runner fails the trial on it
+                    message = {"type": None, "line": line[:200].decode(errors="replace")}
+                if message.get("type") == "setup":
                     self.setup_note, self.setup_note_at = message, time.monotonic()
                     continue
                 yield message

@@ -4,7 +4,7 @@ before a study is written (see ``autotune.space`` for the API)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,18 +38,20 @@ def _takes_data(function: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
-def check_space(space: SearchSpace, points: int = 64) -> list[str]:
+def check_space(space: SearchSpace, points: int = 64, own: Iterable[str] = ()) -> list[str]:
     """Problems a built space can still have: names the training plan does not know, and a
     space none of ``points`` random points of which is feasible (a derived value that always
     fails, such as one out of range, or constraints nothing meets): found here, before a
-    study is written, not after its first hundred draws."""
+    study is written, not after its first hundred draws. ``own``: the names the study's own
+    script takes beyond the plan's (``trainer.params``)."""
     import optuna
 
     from .plan import name_problems, schedule_problems, value_problems
 
     if space.define_by_run is not None:  # it may set any name; the plan checks each trial
         return []
-    problems = name_problems([p.name for p in space.params] + [d.name for d in space.derived])
+    problems = name_problems([p.name for p in space.params] + [d.name for d in space.derived],
+                             own)
     for p in space.params:
         if isinstance(p, Categorical):
             problems.extend(value_problems(p.name, p.choices))

@@ -18,7 +18,7 @@ from .errors import ConfigError, PlanError, SpaceError
 from .plan import Hardware, resolve
 from .space import DataInfo, SearchSpace, check_space, load_space
 
-__all__ = ["check_resumed_config", "prepare"]
+__all__ = ["check_resumed_config", "checked_space", "prepare"]
 
 
 def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:
@@ -56,13 +56,21 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     """Everything that can be checked before a store is touched: the config (paths absolute,
     its data's number of classes), the search space and the number of training images."""
     cfg = _absolute_paths(_absolute_data(cfg))
-    from trainers.sources import image_size_default, num_classes, train_size
-
     check_writable(cfg.tracking_uri, "tracking_uri")
     check_writable(cfg.run_dir, "run_dir")
     if cfg.workers >= 1:
         check_ranks(cfg.device, cfg.ranks_per_trial, cfg.workers, cfg.oversubscribe,
                     "oversubscribe: true (or --oversubscribe)")
+    return checked_space(cfg)
+
+
+def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
+    """The study's search space, loaded for its data and ranks and checked (names, values,
+    feasibility, warm starts), with the config given its data's number of classes, and the
+    number of training images; SpaceError or ConfigError at the first problem."""
+    cfg = _absolute_data(cfg)
+    from trainers.sources import image_size_default, num_classes, train_size
+
     try:
         size = train_size(cfg.trainer.data)
         classes = num_classes(cfg.trainer.data)
@@ -73,9 +81,9 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
                         cfg.trainer.data))), kind=str(cfg.trainer.data.get("kind", "digits")))
     space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial,
                        data=data)
-    problems = check_space(space)
+    problems = [f"{space.source_file}: {p}" for p in check_space(space, own=cfg.trainer.params)]
     if problems:
-        raise SpaceError(f"{space.source_file}: {problems[0]}", problems=problems)
+        raise SpaceError(problems[0], problems=problems)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, num_classes=classes))
     _check_warm_starts(space, cfg, size)
     return cfg, space, size

@@ -60,11 +60,29 @@ def _space_check(args: argparse.Namespace) -> int:
     from .space import check_space, load_space
 
     _check_world_size(args)
-    try:
-        space = load_space(args.space, world_size=args.world_size)
-        problems = [f"{space.source_file}: {p}" for p in check_space(space)]
-    except SpaceError as e:
-        problems = e.problems
+    if args.space.endswith((".yaml", ".yml", ".toml")):   # a study file: its space and program
+        from . import config
+        from ._study_setup import checked_space
+
+        cfg = config.load(args.space)
+        try:
+            _, space, _ = checked_space(cfg)
+        except SpaceError as e:
+            problems = e.problems or [str(e)]
+        else:
+            print(space.table())
+            program = cfg.trainer.program
+            print(f"ok: {args.space} runs {program} on a valid search space for "
+                  f"{cfg.ranks_per_trial} rank(s)"
+                  + (f"; its own parameters: {', '.join(cfg.trainer.params)}"
+                     if cfg.trainer.params else ""))
+            return 0
+    else:
+        try:
+            space = load_space(args.space, world_size=args.world_size)
+            problems = [f"{space.source_file}: {p}" for p in check_space(space)]
+        except SpaceError as e:
+            problems = e.problems
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
@@ -190,7 +208,8 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError("--ranks-per-node needs --hostfile; without one, the study's "
                           "ranks_per_trial decides")
     return run_worker(storage, args.study, hostfile=hostfile,
-                      ranks_per_node=args.ranks_per_node, oversubscribe=args.oversubscribe)
+                      ranks_per_node=args.ranks_per_node, oversubscribe=args.oversubscribe,
+                      allow_programs=tuple(args.allow_program or ()))
 
 
 def _add_worker(sub: Any) -> None:
@@ -199,6 +218,9 @@ def _add_worker(sub: Any) -> None:
     where.add_argument("--server", help="HOST:PORT of an `autotune server`")
     where.add_argument("--storage", help="the study's database URL, reached directly")
     p.add_argument("--study", required=True, help="study name")
+    p.add_argument("--allow-program", action="append", metavar="PATH",
+                   help="run a study's own training script when it lies at PATH or under it "
+                        "(repeatable; without it, only the bundled trainers run)")
     p.add_argument("--hostfile", help="DeepSpeed hostfile: run each trial across its nodes "
                                       "(over ssh, from this machine)")
     p.add_argument("--ranks-per-node", type=int, help="ranks on each node of the hostfile "
@@ -279,7 +301,9 @@ def _add_space_show(sub: Any) -> None:
 
 def _add_space_check(sub: Any) -> None:
     p = sub.add_parser("space check", help="validate a search-space file, listing every problem")
-    p.add_argument("space", help="a Python file defining `space` (or a shipped space name)")
+    p.add_argument("space", help="a Python file defining `space`, a shipped space name, or a "
+                                 "study file (YAML or TOML: its space, program and declared "
+                                 "parameters)")
     p.add_argument("--world-size", type=int, default=2, help="ranks the space is built for")
     p.set_defaults(func=_space_check)
 

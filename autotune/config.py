@@ -27,6 +27,7 @@ __all__ = ["StudyConfig", "Target", "Budget", "TrainerConfig", "load", "shipped_
 
 _METRICS = ("top1", "top5")
 _DEVICES = ("cpu", "cuda")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,13 @@ class Budget:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    program: str = "image_classifier"       # a module in trainers/
+    program: str = "image_classifier"       # a bundled trainer (a module of trainers/), or
+                                            # your own script: a .py path (relative to the
+                                            # study file) or a module name (autotune.programs)
+    program_sha256: str = ""                # set by autotune: the script's content, so every
+                                            # worker runs what the study started with
+    params: list[str] = field(default_factory=list)   # names your own script takes beyond
+                                            # the plan's, which its search space may set
     model: str = "resnet18"                 # a torchvision model
     num_classes: int = 10
     data: dict[str, Any] = field(default_factory=lambda: {"kind": "digits", "image_size": 32})
@@ -257,8 +264,13 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", cfg.study_name)), "study_name",
           f"{cfg.study_name!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a "
           "letter or digit")
-    check(cfg.target.metric in _METRICS, "target.metric",
-          f"{cfg.target.metric!r} is not allowed; use one of {', '.join(_METRICS)}")
+    from .programs import is_bundled
+
+    own = not is_bundled(cfg.trainer.program)
+    check(cfg.target.metric in _METRICS or (own and bool(_NAME.fullmatch(cfg.target.metric))),
+          "target.metric", f"{cfg.target.metric!r} is not allowed; use one of "
+          f"{', '.join(_METRICS)} (a script of your own may report any other name it gives "
+          "trial.report)")
     check(0.0 < cfg.target.value <= 1.0, "target.value", f"{cfg.target.value} is outside (0, 1]")
     check(b.n_trials is None or 1 <= b.n_trials <= 1_000_000, "budget.n_trials",
           f"must be a positive integer up to 1000000, got {b.n_trials}")
@@ -299,12 +311,7 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
               f"{name} ({mode.about})" for name, mode in MODES.items()))
     check(cfg.trainer.precision in ("bf16", "fp32"), "trainer.precision",
           f"{cfg.trainer.precision!r} is not allowed; use bf16 or fp32")
-    from .launch import bundled_trainers
-
-    programs = bundled_trainers()
-    check(cfg.trainer.program in programs, "trainer.program",
-          f"{cfg.trainer.program!r} is not allowed; name a module of trainers/: "
-          f"{', '.join(programs)}")
+    found.extend(_program_problems(cfg))
     found.extend(_data_problems(cfg.trainer.data))
     if not found:
         models = _model_names()
@@ -315,6 +322,32 @@ def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
           f"{cfg.storage!r} is not a database URL; use for example sqlite:///autotune.db or "
           "postgresql://user@host/db")
     return found
+
+
+def _program_problems(cfg: StudyConfig) -> list[tuple[str, str]]:
+    """What is wrong with the program a study runs and the parameters it declares."""
+    from .plan import PARAMETERS
+    from .programs import is_bundled, resolve_program
+
+    t = cfg.trainer
+    try:
+        resolve_program(t.program, cfg.base_dir)
+    except ConfigError as e:
+        return [("trainer.program", str(e).removeprefix("trainer.program "))]
+    if not isinstance(t.params, list) or not all(isinstance(n, str) for n in t.params):
+        return [("trainer.params", f"must be a list of parameter names, got {t.params!r}")]
+    if t.params and is_bundled(t.program):
+        return [("trainer.params", f"declares parameters of your own script, but the program "
+                 f"is the bundled {t.program!r}, which takes only the plan's; set "
+                 "trainer.program to your script")]
+    for name in t.params:
+        if not _NAME.fullmatch(name):
+            return [("trainer.params", f"{name!r} is not a parameter name; use letters, "
+                     "digits and '_', starting with a letter")]
+        if name in PARAMETERS:
+            return [("trainer.params", f"{name!r} is a plan parameter already; declare only "
+                     "the names your script takes beyond the plan's")]
+    return []
 
 
 def _validate(cfg: StudyConfig, flagged: set[str]) -> None:
@@ -367,7 +400,17 @@ def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
     cfg = _build(StudyConfig, data, where)
     cfg = dataclasses.replace(cfg, source=where, base_dir=str(base))
     _validate(cfg, flagged)
-    return cfg
+    return _with_program(cfg)
+
+
+def _with_program(cfg: StudyConfig) -> StudyConfig:
+    """``cfg`` with its own script (if any) as an absolute path and its content's digest."""
+    from .programs import digest, is_bundled, resolve_program
+
+    program = resolve_program(cfg.trainer.program, cfg.base_dir)
+    sha = "" if is_bundled(program) else digest(Path(program))
+    trainer = dataclasses.replace(cfg.trainer, program=program, program_sha256=sha)
+    return dataclasses.replace(cfg, trainer=trainer)
 
 
 def cadence_warning(cfg: StudyConfig) -> str | None:

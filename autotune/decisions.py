@@ -139,8 +139,11 @@ def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best
     evaluations and ``stop_reason`` the reason the worker last gave it to stop."""
     if end is None:
         why = "hung" if code in (-9, -15) else "crashed"
+        said = ("trainer exited with code 0 without reporting its end (a script reports "
+                "through trainers.api: trial.start(), trial.report(), trial.end())"
+                if code == 0 else f"trainer exited with code {code}")
         return TrialResult(number, {}, "failed", why, best_metric=best, evals=evals,
-                           detail=f"trainer exited with code {code}: {tail}")
+                           detail=f"{said}: {tail}")
     reason = str(end["reason"])
     if reason == "stopped":  # stopped by the worker: say why
         reason = stop_reason or "stopped"
@@ -185,6 +188,10 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, *, autot
          target: float, penalty: float) -> None:
     """Records ``result`` and tells Optuna: autotune's way (``tell_result``), or Optuna's usual
     one for the comparison modes (``tell_optuna_style``, a missed target told as ``penalty``)."""
+    if result.summary.get("checkpoint"):   # saved at its end: where it resumes from
+        trial.set_user_attr(record.CHECKPOINT, result.summary["checkpoint"])
+        trial.set_user_attr(record.CHECKPOINT_ELAPSED, result.summary.get(
+            "checkpoint_elapsed_s"))
     if autotune:
         tell_result(study, trial, result, target)
     else:

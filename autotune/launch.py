@@ -29,23 +29,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def bundled_trainers() -> list[str]:
-    """The trainer programs a worker runs: the runnable modules of ``trainers/``."""
-    import trainers
+    """The trainer programs of ``trainers/`` (``programs.bundled``)."""
+    from .programs import bundled
 
-    return sorted(p.stem for p in Path(trainers.__file__).parent.glob("*.py")
-                  if not p.stem.startswith("_") and "__main__" in p.read_text())
+    return bundled()
 
 
 def trainer_path(program: str) -> Path:
-    """The script of the trainer ``program``: a module of ``trainers/``, named, never a path
-    (a study config, from a file or the study store, cannot make a worker run another file)."""
-    import trainers
+    """The script a worker launches for ``program``: a bundled trainer's module, or the
+    absolute path of a study's own script (``programs.script_of``)."""
+    from .programs import script_of
 
-    found = bundled_trainers()
-    if program not in found:
-        raise LaunchError(f"trainer.program {program!r} is not a trainer this worker runs; "
-                          f"it runs the modules of trainers/: {', '.join(found)}")
-    return Path(trainers.__file__).parent / f"{program}.py"
+    return script_of(program)
 
 
 def _deepspeed_executable() -> str:
@@ -104,16 +99,20 @@ def multinode_commands(script: Path, plan_path: Path, report_to: str, *, hostfil
     return [[*base, "--no_ssh", "--node_rank", str(rank), *tail] for rank in range(len(hosts))]
 
 
-def trainer_env(device: str, threads_per_rank: int, *, shadow_mlflow: bool = True
-                ) -> dict[str, str]:
+def trainer_env(device: str, threads_per_rank: int, *, shadow_mlflow: bool = True,
+                program: str | None = None) -> dict[str, str]:
     """The environment of the launcher and ranks. ``shadow_mlflow``: MLflow cannot be imported
     there (trainers/_no_mlflow), which saves DeepSpeed's needless import of it, about 2 s of
-    CPU in each process at every trial's start (benchmarks/trial_startup.py)."""
+    CPU in each process at every trial's start (benchmarks/trial_startup.py); a study's own
+    script (``program``, an absolute path) may import MLflow, and its folder is importable."""
     # The study server's secret stays with the worker: trainers never talk to the server.
     env = {k: v for k, v in os.environ.items()
            if k not in ("AUTOTUNE_SERVER_TOKEN", "AUTOTUNE_SERVER_TOKEN_FILE")}
     root = Path(__file__).resolve().parent.parent
-    paths = [str(root / "trainers" / "_no_mlflow")] if shadow_mlflow else []
+    own = program is not None and Path(program).is_absolute()
+    paths = [str(root / "trainers" / "_no_mlflow")] if shadow_mlflow and not own else []
+    if own:
+        paths.append(str(Path(str(program)).parent))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, str(root),
                                                     env.get("PYTHONPATH", "")) if p)
     env["OMP_NUM_THREADS"] = str(threads_per_rank)

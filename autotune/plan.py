@@ -124,22 +124,28 @@ def value_problems(name: str, values: Iterable[Any]) -> list[str]:
             for v in values if v not in allowed]
 
 
-def name_problems(names: Iterable[str]) -> list[str]:
-    """What is wrong with a search space that sets exactly ``names``, as plan parameters."""
-    names = set(names)
+def name_problems(names: Iterable[str], own: Iterable[str] = ()) -> list[str]:
+    """What is wrong with a search space that sets exactly ``names``, as plan parameters or
+    as ``own`` parameters the study's script declares (``trainer.params``)."""
+    names, own = set(names), list(own)
     found = [f"{n!r} is not a plan parameter; allowed: {', '.join(PARAMETERS)}"
-             for n in sorted(names - set(PARAMETERS))]
+             + (f", and your script's {', '.join(own)}" if own else
+                " (a script of your own may take more: declare them in trainer.params)")
+             for n in sorted(names - set(PARAMETERS) - set(own))]
     missing = [k for k in REQUIRED if k not in names]
     if missing:
         found.append(f"the space must set {', '.join(missing)}")
     return found
 
 
-def _params(sampled: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(sampled) - set(PARAMETERS))
+def _params(sampled: Mapping[str, Any], own: Iterable[str] = ()) -> dict[str, Any]:
+    own = list(own)
+    unknown = sorted(set(sampled) - set(PARAMETERS) - set(own))
     if unknown:
         raise PlanError(f"unknown plan parameter(s) {', '.join(unknown)}; "
-                        f"allowed: {', '.join(PARAMETERS)}")
+                        f"allowed: {', '.join([*PARAMETERS, *own])}"
+                        + ("" if own else " (a script of your own may take more: declare "
+                           "them in trainer.params)"))
     missing = [k for k in REQUIRED if k not in sampled]
     if missing:
         raise PlanError(f"the search space must set {', '.join(missing)}")
@@ -218,9 +224,11 @@ def _image_sizes(p: Mapping[str, Any], epochs: int, model: str) -> tuple[list[in
 def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_size: int,
             hardware: Hardware, target: Mapping[str, Any], max_seconds: float,
             seed: int = 0) -> dict[str, Any]:
-    """The full training plan for ``sampled`` parameters on ``hardware``."""
-    p = _params(sampled)
+    """The full training plan for ``sampled`` parameters on ``hardware`` (``trainer``: the
+    study file's trainer section; its ``params``, the script's own names, pass through in
+    the plan's ``params``)."""
     trainer = {**_trainer_defaults(), **trainer}   # one place for the defaults: TrainerConfig
+    p = _params(sampled, trainer.get("params") or ())
     batch = int(p["global_batch"])
     micro, accum = split_batch(batch, hardware.world_size, hardware.max_micro_batch)
     if batch > train_size:

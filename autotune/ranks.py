@@ -182,8 +182,8 @@ class Ranks:
                 return warm.close(kill=end is None)
         launched.channel.close()   # ranks that do not serve exit after their trial
         if end is None:
-            launched.process.kill()
-        return launched.process.wait(ended=end is not None)
+            return launched.process.unheard_exit()
+        return launched.process.wait(ended=True)
 
     def close(self) -> None:
         """Lets the kept ranks leave."""

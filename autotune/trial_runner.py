@@ -89,7 +89,8 @@ class TrialRunner:
             ranks = self._local.ranks = Ranks(
                 trial_command(self.cfg.trainer.program, self.cfg.ranks_per_trial,
                               self.hostfile, self.ranks_per_node),
-                trainer_env(self.cfg.device, 1), serve=self.cfg.trainer.warm_ranks,
+                trainer_env(self.cfg.device, 1, program=self.cfg.trainer.program),
+                serve=self.cfg.trainer.warm_ranks,
                 log_dir=self.run_dir / "ranks", before_launch=self._build_ops)
         return ranks
 
@@ -242,8 +243,12 @@ class TrialRunner:
                 channel.request("checkpoint")
                 asked.append(True)
 
+        bad: str | None = None
         try:
             for msg in channel.messages(process, lambda: limits.until, idle):
+                bad = protocol.report_problem(msg, self.cfg.target.metric)
+                if bad is not None:
+                    break       # the trainer is stopped: it cannot be followed further
                 if msg.get("type") == "end":
                     end = msg
                     channel.reply(protocol.ACK)
@@ -265,7 +270,11 @@ class TrialRunner:
             stop_reason = "study_timeout"
         result = classify(trial.number, end, code, process.tail() if end is None else "",
                           handler.best, handler.evals, stop_reason)
-        if end is None and time.monotonic() > limits.until:   # killed at its limit: say so
+        if bad is not None:
+            result = TrialResult(trial.number, {}, "failed", "bad_report",
+                                 best_metric=handler.best, evals=handler.evals,
+                                 detail=f"the trainer sent {bad}: {process.tail()}")
+        elif end is None and time.monotonic() > limits.until:   # killed at its limit: say so
             limits.explain(result, channel, launched_at)
         result.curve = handler.curve
         return result

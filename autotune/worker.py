@@ -23,6 +23,7 @@ from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
 from .errors import ConfigError
 from .modes import make_pruner, make_sampler
+from .programs import check_allowed
 from .space import SearchSpace
 from .store import open_storage
 from .tracking import Tracker
@@ -59,10 +60,12 @@ def _budget_left(study: optuna.Study, cfg: StudyConfig) -> bool:
 
 def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = print,
                hostfile: Path | None = None, ranks_per_node: int | None = None,
-               oversubscribe: bool = False) -> int:
+               oversubscribe: bool = False, allow_programs: tuple[str, ...] = ()) -> int:
     """Takes trials of ``study_name`` until its budget is spent or SIGTERM arrives. With a
     ``hostfile``, each trial runs across its nodes (``ranks_per_node`` ranks each, or each
-    line's slots), started over ssh from this machine."""
+    line's slots), started over ssh from this machine. A study that runs a script of its own
+    is joined only when ``allow_programs`` (files or folders) holds it
+    (``programs.check_allowed``)."""
     from trainers.sources import train_size
 
     from ._process import sweep_orphaned_shm_buffers
@@ -71,6 +74,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     sweep_orphaned_shm_buffers()  # left by an earlier worker on this machine killed with -9
     storage = open_storage(storage_url, create=False)   # joins a study; creates nothing
     study, cfg, space = _load(storage, study_name)
+    check_allowed(cfg.trainer.program, cfg.trainer.program_sha256, allow_programs, study_name)
     check_writable(cfg.run_dir, "the study's run_dir")
     check_writable(cfg.tracking_uri, "the study's tracking_uri")
     if hostfile is None:   # this machine's ranks; a hostfile's nodes say their own slots

@@ -171,6 +171,8 @@ class Background(subprocess.Popen):  # type: ignore[type-arg]
                          **kwargs)
 
     def output(self) -> tuple[str, str]:
+        if self._files[0].closed:
+            return self._final
         texts = []
         for f in self._files:
             f.flush()
@@ -180,7 +182,10 @@ class Background(subprocess.Popen):  # type: ignore[type-arg]
 
     def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[str, str]:
         self.wait(timeout)
-        return self.output()
+        self._final = self.output()
+        for f in self._files:
+            f.close()
+        return self._final
 
 
 def autotune(*args: str, cwd: Path) -> Background:

@@ -76,11 +76,18 @@ BAD = {
     "zero trial seconds": (["s.yaml", "budget: {max_trial_s: 0}\n"], "s.yaml",
                            "budget.max_trial_s must be positive"),
     "not a mapping": (["s.yaml", "- 1\n"], "s.yaml", "must be a mapping"),
-    "program outside trainers/": (["s.yaml", "trainer: {program: ../../../../tmp/x/evil}\n"],
-                                  "s.yaml", "trainer.program '../../../../tmp/x/evil' is not "
-                                  "allowed; name a module of trainers/: image_classifier, probe"),
+    "program that is not there": (["s.yaml", "trainer: {program: ../../../../tmp/x/evil}\n"],
+                                  "s.yaml", "trainer.program '../../../../tmp/x/evil': no file "
+                                  "at /tmp/x/evil; name a bundled trainer (image_classifier, "
+                                  "probe), a .py script"),
     "program that is no trainer": (["s.yaml", "trainer: {program: reporter}\n"], "s.yaml",
-                                   "trainer.program 'reporter' is not allowed"),
+                                   "trainer.program 'reporter' is not a bundled trainer, a .py "
+                                   "file nor a module"),
+    "program not Python": (["s.yaml", "trainer: {program: s.yaml}\n"], "s.yaml",
+                           "is not a Python script (.py)"),
+    "own params for the bundled trainer": (["s.yaml", "trainer: {params: [dropout]}\n"],
+                                           "s.yaml", "trainer.params declares parameters of "
+                                           "your own script, but the program is the bundled"),
 }
 
 

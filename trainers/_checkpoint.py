@@ -1,7 +1,8 @@
-"""A trial's checkpoints: every rank's part (DeepSpeed's model, optimizer and scheduler state,
-the trainer's own state as the client state, and each rank's RNG states) in a new folder
-``step-N`` under the plan's ``checkpoint_dir``. Older folders are removed only once the new one
-is complete and the worker knows of it, so a crash mid-save leaves the previous one intact."""
+"""A trial's checkpoints: a new folder ``step-N`` under the plan's ``checkpoint_dir`` holds the
+script's own state (its ``save`` hook: the bundled trainer's is DeepSpeed's model, optimizer
+and scheduler) and, per rank, the trial's state (step, data position, clock, best metrics) with
+that rank's RNG states. Older folders are removed only once the new one is complete and the
+worker knows of it, so a crash mid-save leaves the previous one intact."""
 
 from __future__ import annotations
 
@@ -11,23 +12,33 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-__all__ = ["TAG", "load", "prune", "save"]
+__all__ = ["TAG", "load_state", "prune", "save_state"]
 
 TAG = "step-{}"   # a checkpoint's folder under checkpoint_dir, by optimizer step
+_STATE = "autotune-rank{}.pt"
 
 
-def save(engine: Any, folder: Path, state: dict[str, Any], rank: int, on_gpu: bool) -> str:
-    """Saves this rank's part of a checkpoint of ``state`` (the trainer's own: step, data
-    position, clock) at its step; returns the checkpoint's folder once every rank has saved."""
-    tag = TAG.format(state["step"])
-    engine.save_checkpoint(str(folder), tag=tag, client_state={"autotune": state})
+def save_state(folder: Path, state: dict[str, Any], rank: int, on_gpu: bool) -> None:
+    """Saves this rank's part of the trial's state and its RNG states in ``folder``."""
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
            "cuda": torch.cuda.get_rng_state_all() if on_gpu else None}
-    torch.save(rng, folder / tag / f"rng-rank{rank}.pt")
-    dist.barrier()
-    return str(folder / tag)
+    torch.save({"state": state, "rng": rng}, folder / _STATE.format(rank))
+
+
+def load_state(folder: Path, rank: int, on_gpu: bool) -> dict[str, Any]:
+    """This rank's part of the trial's state saved in ``folder`` (a ``step-N`` folder), its
+    RNG states restored."""
+    own = folder / _STATE.format(rank)
+    if not own.is_file():
+        raise SystemExit(f"{folder} holds no complete autotune checkpoint (no {own.name})")
+    saved = torch.load(own, weights_only=False)
+    rng = saved["rng"]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if on_gpu and rng.get("cuda") is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return dict(saved["state"])
 
 
 def prune(folder: Path, keep: str) -> None:
@@ -37,19 +48,3 @@ def prune(folder: Path, keep: str) -> None:
     for old in folder.glob(TAG.format("*")):
         if str(old) != keep and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
-
-
-def load(engine: Any, path: Path, rank: int, on_gpu: bool) -> dict[str, Any]:
-    """Loads this rank's part of the checkpoint in ``path`` (a ``step-N`` folder) into
-    ``engine`` and the RNGs; returns the trainer state it holds."""
-    if not (path / f"rng-rank{rank}.pt").is_file():
-        raise SystemExit(f"{path} holds no complete autotune checkpoint")
-    _, client = engine.load_checkpoint(str(path.parent), tag=path.name)
-    if not client or "autotune" not in client:
-        raise SystemExit(f"{path} holds no autotune checkpoint")
-    rng = torch.load(path / f"rng-rank{rank}.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    if on_gpu and rng.get("cuda") is not None:
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return dict(client["autotune"])

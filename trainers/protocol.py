@@ -19,10 +19,11 @@ the trainer stops on its own between evaluations (None: no deadline).
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypedDict
 
 __all__ = ["ACK", "EXIT", "LEAVE_AFTER", "Plan", "Reply", "decision", "go", "leaves_after",
-           "plan_reply", "ranks_stay", "stop"]
+           "plan_reply", "ranks_stay", "report_problem", "stop"]
 
 Reply = dict[str, Any]
 
@@ -44,6 +45,40 @@ def ranks_stay(serves: bool, end: dict[str, Any] | None) -> bool:
     """Whether ranks that ran a trial wait for the next plan: their start report said they
     serve, the trial reported its end, and that end does not make them leave."""
     return serves and end is not None and not leaves_after(end.get("reason"))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and \
+        math.isfinite(float(value)) and value >= 0
+
+
+def report_problem(msg: dict[str, Any], metric: str) -> str | None:
+    """What is wrong with a report from a trainer, for the worker to fail the trial with it
+    (None: nothing). ``metric``: the study's target metric, which every evaluation carries."""
+    kind = msg.get("type")
+    if kind not in ("start", "eval", "checkpoint", "end", "ready"):
+        shown = msg.get("line", msg)
+        return (f"a report of unknown type {kind!r} ({str(shown)[:120]}); a trainer sends "
+                "start, eval, checkpoint and end (trainers.api does)")
+    if kind == "eval":
+        value = msg.get(metric)
+        if not (isinstance(value, int | float) and not isinstance(value, bool)):
+            return (f"an evaluation without the target metric {metric!r} as a number "
+                    f"(got {value!r}; keys: {', '.join(map(str, msg))})")
+        if not _number(msg.get("elapsed_s")):
+            return f"an evaluation whose elapsed_s is {msg.get('elapsed_s')!r}"
+    if kind == "checkpoint" and not (isinstance(msg.get("path"), str)
+                                     and _number(msg.get("elapsed_s"))):
+        return f"a checkpoint report without a path and elapsed_s ({str(msg)[:120]})"
+    if kind == "end":
+        reason = msg.get("reason")
+        if not isinstance(reason, str) or not reason:
+            return f"an end report without a reason ({str(msg)[:120]})"
+        if not _number(msg.get("elapsed_s")):
+            return f"an end report whose elapsed_s is {msg.get('elapsed_s')!r}"
+        if reason == "reached" and not _number(msg.get("tta_s")):
+            return f"an end report that reached without a tta_s ({msg.get('tta_s')!r})"
+    return None
 
 
 def decision(action: str, reason: str = "", deadline_s: float | None = None) -> Reply:
