@@ -167,11 +167,13 @@ class Ranks:
                         if self.serve else None)
 
     def finish(self, launched: Launched, end: dict[str, Any] | None, folder: Path, *,
-               serves: bool, keep: bool = True) -> int:
+               serves: bool, keep: bool = True, grace: bool = False) -> int:
         """After a trial (``end``: its end report, None without one; ``serves``: what its start
         report said): ranks that stay (``protocol.ranks_stay``) are kept for the next trial,
         unless ``keep`` is false (the worker is stopping) or they have served ``max_trials``;
-        others are stopped. Returns the exit code (0 for kept ranks)."""
+        others are stopped (with ``grace``, the trainer left the channel on its own: its ranks
+        get a few seconds to exit with their own code first). Returns the exit code (0 for
+        kept ranks)."""
         warm = launched.warm
         if warm is not None:
             warm.copy_log(folder / "trainer.log")
@@ -181,9 +183,11 @@ class Ranks:
                     return 0
                 return warm.close(kill=end is None)
         launched.channel.close()   # ranks that do not serve exit after their trial
-        if end is None:
+        if end is None and grace:
             return launched.process.unheard_exit()
-        return launched.process.wait(ended=True)
+        if end is None:
+            launched.process.kill()
+        return launched.process.wait(ended=end is not None)
 
     def close(self) -> None:
         """Lets the kept ranks leave."""

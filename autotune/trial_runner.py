@@ -244,6 +244,7 @@ class TrialRunner:
                 asked.append(True)
 
         bad: str | None = None
+        alone = False     # the trainer closed the channel or exited without its end report
         try:
             for msg in channel.messages(process, lambda: limits.until, idle):
                 bad = protocol.report_problem(msg, self.cfg.target.metric)
@@ -258,10 +259,12 @@ class TrialRunner:
                 reply = handler.answer(msg)
                 if reply is not None:
                     channel.reply(reply)
+            else:
+                alone = end is None and time.monotonic() <= limits.until
         finally:
             code = self.ranks.finish(launched, end, folder, serves=handler.serves,
                                      keep=not self._interrupted.is_set()
-                                     and not writes.given_up)
+                                     and not writes.given_up, grace=alone)
             writes.flush(None)
         stop_reason = handler.stop_reason
         if (end is not None and end.get("reason") == "bound" and self.stop_at is not None

@@ -21,7 +21,9 @@ from optuna.trial import TrialState, create_trial
 from autotune._process import ReportChannel
 from autotune.config import StudyConfig
 from autotune.decisions import TrialResult, classify, curve_row
+from autotune.errors import LaunchError
 from autotune.modes import make_pruner, make_sampler
+from autotune.programs import check_allowed, digest
 from autotune.replay import Replay, Run, Table
 from autotune.space import load_space
 from autotune.trial_runner import TrialRunner
@@ -159,8 +161,9 @@ def test_the_studys_timeout_reaches_the_trainer_as_its_deadline(tmp_path):
 
 def test_a_worker_refuses_a_program_outside_trainers_whatever_the_stored_config_says(
         tmp_path):
-    # a study config rewritten in the store (or a study file from elsewhere) names a path:
-    # the worker fails the trial as a launch error and runs nothing
+    # a study config rewritten in the store (or a study file from elsewhere) names a path
+    # that is no script: the worker fails the trial as a launch error and runs nothing; a
+    # script it names runs on an `autotune worker` only where its operator allowed it
     evil = tmp_path / "evil.py"
     evil.write_text("open(__file__ + '.ran', 'w').write('ran')\n")
     cfg = StudyConfig()
@@ -173,5 +176,10 @@ def test_a_worker_refuses_a_program_outside_trainers_whatever_the_stored_config_
     with runner:
         result = runner.run(study)
     assert (result.outcome, result.reason) == ("failed", "launch_error")
-    assert "is not a trainer this worker runs" in result.detail
+    assert "is neither a bundled trainer" in result.detail
+    assert not (tmp_path / "evil.py.ran").exists()
+    for allowed in ([], [tmp_path / "elsewhere"]):
+        with pytest.raises(LaunchError, match="runs its own script .*--allow-program"):
+            check_allowed(str(evil), digest(evil), allowed, "s")
+    check_allowed(str(evil), digest(evil), [tmp_path], "s")      # allowed: no error
     assert not (tmp_path / "evil.py.ran").exists()

@@ -142,7 +142,10 @@ def test_ctrl_c_or_sigterm_to_start_study_ends_its_trial_and_leaves_nothing_runn
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     study = Background(
         [sys.executable, "-m", "autotune", "start", "study", "quickstart", "--n-trials", "3",
-         "--max-trial-seconds", "120"], cwd=tmp_path, env=env, start_new_session=True)
+         "--max-trial-seconds", "120"], cwd=tmp_path, env=env, start_new_session=True,
+        # Ctrl-C reaches it as in a terminal, even when these tests run with SIGINT ignored
+        # (a shell's background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not _trainers_under(tmp_path):

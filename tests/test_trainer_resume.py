@@ -56,7 +56,7 @@ def test_a_resumed_run_continues_the_schedule_and_clock_and_ends_where_the_full_
     assert 22 <= stopped_at < 44                      # after the 2nd evaluation, mid-3rd epoch
     saved = tmp_path / "checkpoint" / f"step-{stopped_at}"
     assert end["reason"] == "checkpointed" and end["checkpoint"] == str(saved)
-    assert (saved / "rng-rank0.pt").is_file() and (saved / "rng-rank1.pt").is_file()
+    assert (saved / "autotune-rank0.pt").is_file() and (saved / "autotune-rank1.pt").is_file()
     # Only the newest checkpoint is kept, once it is complete.
     assert [p.name for p in (tmp_path / "checkpoint").glob("step-*")] == [saved.name]
 
@@ -91,4 +91,5 @@ def test_sigterm_makes_every_rank_checkpoint_and_exit_cleanly(tmp_path):
     assert messages[-1]["reason"] == "checkpointed"
     assert messages[-1]["checkpoint"] == str(
         tmp_path / "checkpoint" / f"step-{messages[-1]['steps']}")
-    assert (tmp_path / "checkpoint" / f"step-{messages[-1]['steps']}" / "rng-rank1.pt").is_file()
+    saved = tmp_path / "checkpoint" / f"step-{messages[-1]['steps']}"
+    assert (saved / "autotune-rank0.pt").is_file() and (saved / "autotune-rank1.pt").is_file()
