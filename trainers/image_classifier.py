@@ -6,34 +6,19 @@ The plan (JSON, written by autotune's worker) fixes everything: model, data, glo
 micro-batch x accumulation x world size, optimizer, peak LR and schedule, label smoothing,
 target, evaluation frequency, time limits, precision, augmentation, the image size of each
 epoch (progressive resizing, switched between epochs in the same loader processes) and of
-evaluation, and where to checkpoint (its keys: :class:`trainers.protocol.Plan`). Rank 0 notes
-each setup phase and reports every evaluation through :mod:`trainers.reporter`
-(``--report-to HOST:PORT``; without it, JSON lines on stdout). With no evaluation cadence in
-the plan, it evaluates after every epoch and, within an epoch, as
-:func:`trainers.schedule.eval_interval` says (often enough for the trial's cap).
+evaluation, and where to checkpoint (its keys: :class:`trainers.protocol.Plan`).
 
-Time accounting: the clock starts when rank 0 begins the first training step, after the
-process group, model and data are ready (that setup is ``setup_s``). Evaluation time counts.
-Time spent waiting for the worker's reply is not training: it is reported as ``control_s`` and
-left out of ``elapsed_s``. The trial's time-to-accuracy is ``elapsed_s`` at the end of the
-first evaluation whose target metric reaches the target. A resumed run continues the clock
-where its checkpoint left it.
-
-Checkpoints: on SIGTERM, or when the worker asks (a ``checkpoint`` message at any time: save
-and stop; or a ``checkpoint`` action in a reply: save and go on), every rank saves its part
-(DeepSpeed's model, optimizer and scheduler state; each rank's RNG states; the data position
-and the clock) in a new folder ``step-N`` under ``plan["checkpoint_dir"]``, and the older ones
-are removed once it is complete, so a crash mid-save leaves the previous checkpoint intact.
-After a save-and-go-on, rank 0 reports ``{"type": "checkpoint", "path", "elapsed_s"}``. The
-time a periodic save takes is control time, left out of ``elapsed_s``. A plan with
-``resume_from`` (a ``step-N`` folder) continues from that checkpoint.
-
-Warm ranks (the plan's ``serve``): after a trial ends, rank 0 tells the worker it is ``ready`` and
-waits; the worker's reply is the next trial's plan (``{"action": "plan", "plan": {...}}``),
-which rank 0 passes to every rank, or ``{"action": "exit"}``. The next trial then starts in the
-same processes: no launcher, interpreter, import or process-group start, and the data source
-is kept when the plan's data are the same. The ranks leave instead of serving after a
-checkpointed or out-of-memory end, on SIGTERM, or when the channel closes.
+It is a script on :mod:`trainers.api`, like any user's: the API keeps the clock (from the
+first training step; waiting for the worker and periodic checkpoints left out; a resumed run
+continues it), sends the start, evaluation, checkpoint and end reports, agrees every stop
+across ranks, saves and resumes checkpoints (``step-N`` folders: DeepSpeed's model, optimizer
+and scheduler state through this trainer's hooks, and the API's own state and RNGs) and
+serves the worker's next plan in the same ranks. What is this trainer's own: the DeepSpeed
+engine and its step, with a non-finite loss (``diverged``) or an out-of-memory error (``oom``)
+agreed by every rank before backward; the gradient noise scale; the data source for each
+epoch's image size, kept across warm trials when the data are the same; and evaluations of
+top-1, top-5 and loss over the whole validation set. Without ``--report-to``, reports are
+JSON lines on stdout.
 """
 
 from __future__ import annotations
