@@ -225,6 +225,11 @@ class ReportChannel:
                 return
             self._buffer += chunk
 
+    @property
+    def connected(self) -> bool:
+        """Whether the trainer has connected (a request before then would be lost)."""
+        return self._conn is not None
+
     def request(self, name: str) -> None:
         """Sends an unsolicited request (``checkpoint``) that the trainer acts on at its next
         step."""

@@ -13,16 +13,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import AutotuneError
+from .errors import AutotuneError, Stopped, Terminated
 
 __all__ = ["main"]
 
 Command = Callable[[argparse.Namespace], int]
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C is: the running trial is ended and recorded, nothing is left
-    running, and the study can be resumed."""
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -347,10 +342,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt as e:
-        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"autotune: {how}; the running trial is marked failed and the study can be "
-              "resumed with the same command", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
+        sigterm = isinstance(e, Terminated) or (isinstance(e, Stopped)
+                                                and e.signum == signal.SIGTERM)
+        how = "terminated (SIGTERM)" if sigterm else "interrupted"
+        trial = ("the running trial saved a checkpoint it resumes from"
+                 if isinstance(e, Stopped) else "the running trial is marked failed")
+        print(f"autotune: {how}; {trial}, and the study can be resumed with the same "
+              "command", file=sys.stderr)
+        return 143 if sigterm else 130
     return code
 
 

@@ -34,3 +34,17 @@ class PlanError(AutotuneError):
 
 class LaunchError(AutotuneError):
     """A trainer could not be started."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: the running trial is ended and recorded, nothing is left
+    running, and the study can be resumed."""
+
+
+class Stopped(KeyboardInterrupt):
+    """``start study`` stopped on a first Ctrl-C or SIGTERM (``signum``) after its running
+    trials saved checkpoints they resume from when the study is resumed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -6,6 +6,8 @@ records at its end, ``_console``; one trial, ``trial_runner``."""
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 import time
 from datetime import datetime
@@ -21,6 +23,7 @@ from ._study_setup import check_resumed_config, prepare
 from .config import StudyConfig, cadence_warning, redact
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
 from .db import utcnow
+from .errors import Stopped, Terminated
 from .modes import make_pruner, make_sampler
 from .space import SearchSpace
 from .store import open_storage
@@ -130,9 +133,12 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
                          storage=storage, session=session)
     lock = threading.Lock()
     left = [todo]
+    stopping: list[int] = []     # the first Ctrl-C or SIGTERM: checkpoint, then stop
 
     def take() -> bool:
         with lock:
+            if stopping:
+                return False
             if stop_at is not None and time.monotonic() > stop_at:
                 return False
             if left[0] is None:
@@ -157,12 +163,29 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
     warning = cadence_warning(cfg)
     if warning:
         echo(warning)
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(cfg.workers - 1)]
-    for t in threads:
-        t.start()
-    work()
-    for t in threads:
-        t.join()
+    def on_stop(signum: int, frame: Any) -> None:
+        if stopping:          # a second time: stop at once (the running trials are failed)
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        stopping.append(signum)
+        runner.interrupt()
+        print("autotune: stopping: the running trial saves a checkpoint to resume from "
+              "(Ctrl-C again stops at once)", file=sys.stderr, flush=True)
+
+    graceful = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGINT, signal.SIGTERM)
+              } if graceful else {}
+    try:
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(cfg.workers - 1)]
+        for t in threads:
+            t.start()
+        work()
+        for t in threads:
+            t.join()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if stopping:
+        raise Stopped(stopping[0])
     if stop_at is not None and time.monotonic() >= stop_at - 1.0:
         cut = [t.number for t in study.get_trials(deepcopy=False)
                if t.user_attrs.get(record.STOP_REASON) == "study_timeout"]

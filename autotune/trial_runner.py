@@ -239,7 +239,7 @@ class TrialRunner:
             listeners=(lambda kind, msg: self._emit("report", trial, kind, msg),))
 
         def idle() -> None:
-            if self._interrupted.is_set() and not asked:
+            if self._interrupted.is_set() and not asked and channel.connected:
                 channel.request("checkpoint")
                 asked.append(True)
 

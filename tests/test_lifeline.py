@@ -131,12 +131,14 @@ def _trainers_under(folder: Path) -> list[list[str]]:
                     for a in p.info["cmdline"])]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM],
+                                     [signal.SIGINT, signal.SIGINT]])
 def test_ctrl_c_or_sigterm_to_start_study_ends_its_trial_and_leaves_nothing_running(
-        tmp_path, sig):
+        tmp_path, signals):
     """`autotune start study` stopped by Ctrl-C (SIGINT) or a SIGTERM while a trial trains:
-    one line saying so and how to resume, exit 130 or 143, the trial recorded as failed, and no
-    launcher or rank left behind."""
+    the trial saves a checkpoint and is queued to resume from it; a line saying so and how to
+    resume, exit 130 or 143, and no launcher or rank left behind. Ctrl-C twice stops at once:
+    the trial is recorded as failed."""
     import optuna
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -152,16 +154,30 @@ def test_ctrl_c_or_sigterm_to_start_study_ends_its_trial_and_leaves_nothing_runn
             time.sleep(0.5)
         assert _trainers_under(tmp_path), "no trial started"
         time.sleep(2)
-        study.send_signal(sig)
+        for sig in signals:
+            study.send_signal(sig)
+            time.sleep(0.3)
         _, err = study.communicate(timeout=120)
     finally:
         if study.poll() is None:
             study.kill()
-    assert study.returncode == (130 if sig == signal.SIGINT else 143), err[-2000:]
+    assert study.returncode == (130 if signals[0] == signal.SIGINT else 143), err[-2000:]
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1].endswith("the study can be resumed with the same command")
+    last = err.strip().splitlines()[-1]
+    assert last.endswith("the study can be resumed with the same command"), err[-2000:]
     time.sleep(2)
     assert not _trainers_under(tmp_path)
     trials = optuna.load_study(study_name="quickstart",
                                storage=f"sqlite:///{tmp_path / 'autotune.db'}").trials
-    assert trials and trials[-1].state.name == "FAIL"
+    if len(signals) == 2:                  # at once: the trial failed, nothing to resume
+        assert "marked failed" in last
+        assert trials and trials[-1].state.name == "FAIL"
+        return
+    assert "saved a checkpoint it resumes from" in last
+    interrupted, queued = trials[-2], trials[-1]
+    assert interrupted.state.name == "FAIL", interrupted.user_attrs
+    assert interrupted.user_attrs["stop_reason"] == "interrupted"
+    assert queued.state.name == "WAITING"
+    assert queued.user_attrs["resume_of"] == interrupted.number
+    assert queued.user_attrs["resume_from"] == interrupted.user_attrs["checkpoint"]
+    assert Path(queued.user_attrs["resume_from"]).is_dir()

@@ -140,7 +140,10 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     assert len(study.trials) == 2
     first = study.trials[0]
     assert first.user_attrs["outcome"] in ("reached", "censored")
-    assert len(first.user_attrs["curve"]) >= 2
+    # evaluated within its cap (every epoch and every max_trial_s / 8 s): twice at least,
+    # unless it reached at its first (on a fast day these images take 4 s)
+    assert len(first.user_attrs["curve"]) >= (1 if first.user_attrs["outcome"] == "reached"
+                                              else 2)
     assert first.user_attrs["best_metric"] > 0.35         # 4 classes: chance is 0.25
     # No search_space: the `images` space, sized from the data, whose warm starts train
     # without augmentation and with crop-and-flip; each trial says how its setup went.
