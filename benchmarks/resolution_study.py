@@ -83,11 +83,13 @@ def run(folder: Path, seed: int, n_trials: int, resolution: bool) -> dict:
     noise = [float(t.user_attrs[record.NOISE_SCALE]) for t in finished
              if t.user_attrs.get(record.NOISE_SCALE)]
     cap = batch_cap(finished)
-    capped = [t for t in reached if cap is not None and t.params["global_batch"] > cap]
+    batch = {t.number: int(t.user_attrs[record.PARAMS]["global_batch"]) for t in finished
+             if record.PARAMS in t.user_attrs}
+    capped = [t for t in reached if cap is not None and batch.get(t.number, 0) > cap]
     return {"best": min((t.value for t in reached), default=None), "to_first": to_first,
             "first_at": first_at, "noise": max(noise, default=None), "cap": cap,
             "capped": capped, "reached": len(reached), "trials": len(finished),
-            "batches": sorted({t.params["global_batch"] for t in reached})}
+            "batches": sorted({batch[t.number] for t in reached if t.number in batch})}
 
 
 def main() -> None:
