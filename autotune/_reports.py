@@ -145,9 +145,8 @@ class ReportHandler:
         self.deadline = reply["deadline_s"]
         self.stop_reason = reply["reason"] or self.stop_reason
         elapsed = float(msg["elapsed_s"])
-        if reply["action"] == "continue" and self.every > 0 and \
-                elapsed - self.saved_at >= self.every:
-            reply = {**reply, "action": "checkpoint"}   # saved, and the trial goes on
+        if protocol.goes_on(reply) and self.every > 0 and elapsed - self.saved_at >= self.every:
+            reply = protocol.and_checkpoint(reply)   # saved, and the trial goes on
         return self._cap(reply, elapsed)
 
     def checkpoint(self, msg: dict[str, Any]) -> Reply:

@@ -8,7 +8,6 @@ nothing, so a bad file leaves no trace.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -18,16 +17,12 @@ from typing import Any
 
 import yaml
 
-from trainers.augment import AUGMENTATIONS
-
 from .errors import ConfigError
 
 __all__ = ["StudyConfig", "Target", "Budget", "TrainerConfig", "load", "shipped_studies",
-           "resolve_tracking_uri", "cadence_warning", "default_space"]
+           "resolve_tracking_uri", "default_space"]
 
-_METRICS = ("top1", "top5")
-_DEVICES = ("cpu", "cuda")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a metric or parameter of the user's own
 
 
 @dataclass(frozen=True)
@@ -210,148 +205,10 @@ FLAGS = {"budget.n_trials": "--n-trials", "budget.timeout_s": "--timeout",
          "run_dir": "--run-dir", "warm_start": "--no-warm-start",
          "oversubscribe": "--oversubscribe"}
 
-# The keys of trainer.data each kind takes.
-DATA_KEYS = {"digits": ("kind", "image_size", "augment"),
-             "synthetic": ("kind", "image_size", "num_classes", "train_images", "val_images"),
-             "imagefolder": ("kind", "path", "image_size", "eval_size", "loader_workers",
-                             "augment")}
-# (low, high) of each whole-number key of trainer.data.
-_DATA_RANGES = {"image_size": (8, 4096), "eval_size": (8, 4096), "num_classes": (2, 100_000),
-                "train_images": (1, 10**9), "val_images": (1, 10**9), "loader_workers": (0, 64)}
-
-
-def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
-    kind = data.get("kind", "digits")
-    if kind not in DATA_KEYS:
-        return [("trainer.data.kind", f"{kind!r} is not allowed; use digits, imagefolder "
-                 "(with path) or synthetic")]
-    found = []
-    unknown = sorted(set(map(str, data)) - set(DATA_KEYS[kind]))
-    if unknown:
-        found.append(("trainer.data", f"has unknown key(s) {', '.join(unknown)}; a {kind} "
-                      f"source takes {', '.join(DATA_KEYS[kind])}"))
-    for key, (low, high) in _DATA_RANGES.items():
-        if key not in data:
-            continue
-        value = data[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            found.append((f"trainer.data.{key}", f"must be a whole number from {low} to "
-                          f"{high}, got {value!r}"))
-    if "augment" in data and data["augment"] not in AUGMENTATIONS:
-        found.append(("trainer.data.augment", f"{data['augment']!r} is not allowed; use one of "
-                      f"{', '.join(AUGMENTATIONS)} (a search space may also search augment)"))
-    if kind == "imagefolder" and not (isinstance(data.get("path"), str) and data["path"]):
-        found.append(("trainer.data.path", "must name the ImageFolder root (with train/ and "
-                      "val/) when kind is imagefolder"))
-    return found
-
-
-def _model_names() -> list[str]:
-    """The torchvision classification models a trainer can build."""
-    import torchvision
-
-    return sorted(torchvision.models.list_models(module=torchvision.models))
-
-
-def _problems(cfg: StudyConfig) -> list[tuple[str, str]]:
-    """(key, problem) for every invalid value of ``cfg``."""
-    b, found = cfg.budget, []
-
-    def check(ok: bool, key: str, message: str) -> None:
-        if not ok:
-            found.append((key, message))
-
-    check(bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", cfg.study_name)), "study_name",
-          f"{cfg.study_name!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a "
-          "letter or digit")
-    from .programs import is_bundled
-
-    own = not is_bundled(cfg.trainer.program)
-    check(cfg.target.metric in _METRICS or (own and bool(_NAME.fullmatch(cfg.target.metric))),
-          "target.metric", f"{cfg.target.metric!r} is not allowed; use one of "
-          f"{', '.join(_METRICS)} (a script of your own may report any other name it gives "
-          "trial.report)")
-    check(0.0 < cfg.target.value <= 1.0, "target.value", f"{cfg.target.value} is outside (0, 1]")
-    check(b.n_trials is None or 1 <= b.n_trials <= 1_000_000, "budget.n_trials",
-          f"must be a positive integer up to 1000000, got {b.n_trials}")
-    check(b.timeout_s is None or 0 < b.timeout_s < math.inf, "budget.timeout_s",
-          f"must be positive, got {b.timeout_s}")
-    check(0 < b.max_trial_s < math.inf, "budget.max_trial_s",
-          f"must be positive, got {b.max_trial_s}")
-    check(b.n_trials is not None or b.timeout_s is not None, "budget",
-          "needs n_trials or timeout_s (or both), or the study never ends")
-    check(0 <= cfg.workers <= 1024, "workers", f"must be 0 or more (up to 1024), got "
-          f"{cfg.workers}")
-    check(1 <= cfg.ranks_per_trial <= 4096, "ranks_per_trial",
-          f"must be at least 1 (up to 4096), got {cfg.ranks_per_trial}")
-    check(cfg.device in _DEVICES, "device",
-          f"{cfg.device!r} is not allowed; use one of {', '.join(_DEVICES)}")
-    check(0.5 <= cfg.heartbeat_s <= 600, "heartbeat_s",
-          f"must be within [0.5, 600] seconds, got {cfg.heartbeat_s}")
-    check(cfg.trainer.checkpoint_every_s >= 0, "trainer.checkpoint_every_s",
-          f"must be 0 (off) or positive, got {cfg.trainer.checkpoint_every_s}")
-    check(cfg.trainer.max_micro_batch >= 1, "trainer.max_micro_batch",
-          f"must be at least 1, got {cfg.trainer.max_micro_batch}")
-    t = cfg.trainer
-    check(0 <= t.eval_every_s < math.inf, "trainer.eval_every_s",
-          f"must be 0 (off) or a positive number of seconds, got {t.eval_every_s}")
-    check(t.eval_every_steps >= 0, "trainer.eval_every_steps",
-          f"must be 0 (off) or a positive number of steps, got {t.eval_every_steps}")
-    check(t.eval_batch >= 1, "trainer.eval_batch", f"must be at least 1, got {t.eval_batch}")
-    check(t.num_classes >= 2, "trainer.num_classes", f"must be at least 2, got {t.num_classes}")
-    check(1 <= t.setup_limit_s <= 86400, "trainer.setup_limit_s",
-          f"must be within [1, 86400] seconds, got {t.setup_limit_s}")
-    check(math.isfinite(t.checkpoint_every_s), "trainer.checkpoint_every_s",
-          f"must be a number of seconds, got {t.checkpoint_every_s}")
-    check(cfg.pruner_margin >= 1.0, "pruner_margin", f"must be >= 1.0, got {cfg.pruner_margin}")
-    from .modes import MODES
-
-    check(cfg.pruner in MODES, "pruner",
-          f"{cfg.pruner!r} is not allowed; use " + ", ".join(
-              f"{name} ({mode.about})" for name, mode in MODES.items()))
-    check(cfg.trainer.precision in ("bf16", "fp32"), "trainer.precision",
-          f"{cfg.trainer.precision!r} is not allowed; use bf16 or fp32")
-    found.extend(_program_problems(cfg))
-    found.extend(_data_problems(cfg.trainer.data))
-    if not found:
-        models = _model_names()
-        check(cfg.trainer.model in models, "trainer.model",
-              f"{cfg.trainer.model!r} is not a torchvision classification model; use for "
-              "example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16")
-    check(bool(re.match(r"^[a-z][a-z0-9+]*://", cfg.storage)), "storage",
-          f"{cfg.storage!r} is not a database URL; use for example sqlite:///autotune.db or "
-          "postgresql://user@host/db")
-    return found
-
-
-def _program_problems(cfg: StudyConfig) -> list[tuple[str, str]]:
-    """What is wrong with the program a study runs and the parameters it declares."""
-    from .plan import PARAMETERS
-    from .programs import is_bundled, resolve_program
-
-    t = cfg.trainer
-    try:
-        resolve_program(t.program, cfg.base_dir)
-    except ConfigError as e:
-        return [("trainer.program", str(e).removeprefix("trainer.program "))]
-    if not isinstance(t.params, list) or not all(isinstance(n, str) for n in t.params):
-        return [("trainer.params", f"must be a list of parameter names, got {t.params!r}")]
-    if t.params and is_bundled(t.program):
-        return [("trainer.params", f"declares parameters of your own script, but the program "
-                 f"is the bundled {t.program!r}, which takes only the plan's; set "
-                 "trainer.program to your script")]
-    for name in t.params:
-        if not _NAME.fullmatch(name):
-            return [("trainer.params", f"{name!r} is not a parameter name; use letters, "
-                     "digits and '_', starting with a letter")]
-        if name in PARAMETERS:
-            return [("trainer.params", f"{name!r} is a plan parameter already; declare only "
-                     "the names your script takes beyond the plan's")]
-    return []
-
-
 def _validate(cfg: StudyConfig, flagged: set[str]) -> None:
-    problems = _problems(cfg)
+    from ._config_checks import problems as config_problems
+
+    problems = config_problems(cfg)
     if problems:
         key, message = problems[0]
         where = FLAGS[key] if key in flagged else f"{cfg.source}: {key}"
@@ -411,19 +268,6 @@ def _with_program(cfg: StudyConfig) -> StudyConfig:
     sha = "" if is_bundled(program) else digest(Path(program))
     trainer = dataclasses.replace(cfg.trainer, program=program, program_sha256=sha)
     return dataclasses.replace(cfg, trainer=trainer)
-
-
-def cadence_warning(cfg: StudyConfig) -> str | None:
-    """One line when the evaluation cadence the study sets cannot fit its trials' cap: a trial
-    must evaluate to reach its target, and twice for the pruner to judge it."""
-    every, cap = cfg.trainer.eval_every_s, cfg.budget.max_trial_s
-    if every <= 0 or every * 2 <= cap:
-        return None
-    how = ("no trial evaluates before its cap, so none can reach" if every >= cap else
-           "a trial evaluates once at most before its cap, too rarely to be judged")
-    return (f"warning: trainer.eval_every_s {every:g} s against budget.max_trial_s {cap:g} s: "
-            f"{how}; lower eval_every_s, or leave it and eval_every_steps unset for a cadence "
-            "that fits (every epoch, and within epochs every max_trial_s / 8 s)")
 
 
 def default_space(trainer: Any) -> str:

@@ -105,13 +105,9 @@ def study_deadline(pruner: optuna.pruners.BasePruner, study: optuna.Study) -> fl
     return pruner.deadline(study)
 
 
-def _reply(action: str, reason: str, deadline: float | None) -> Reply:
-    return protocol.decision(action, reason, deadline)
-
-
 def start_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study) -> Reply:
     """The answer to the trainer's start report: go, with the study's deadline."""
-    return _reply("continue", "", study_deadline(pruner, study))
+    return protocol.go(study_deadline(pruner, study))
 
 
 def eval_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study, trial: optuna.Trial,
@@ -121,14 +117,14 @@ def eval_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study, trial: op
     reason (``study_timeout`` when ``now`` has passed ``stop_at``, else the pruner's)."""
     deadline = study_deadline(pruner, study)
     if msg.get("reached"):
-        return _reply("continue", "", deadline)
+        return protocol.go(deadline)
     if stop_at is not None and now is not None and now > stop_at:
-        return _reply("stop", "study_timeout", deadline)
+        return protocol.stop("study_timeout", deadline)
     if isinstance(pruner, TimeToAccuracyPruner):
         reason = pruner.decide(study, record.stored_trial(study, trial))
     else:
         reason = "median" if trial.should_prune() else None
-    return _reply("stop", reason, deadline) if reason else _reply("continue", "", deadline)
+    return protocol.stop(reason, deadline) if reason else protocol.go(deadline)
 
 
 # -- the end of a trial -------------------------------------------------------------------------

@@ -18,9 +18,10 @@ import optuna
 
 from . import record
 from ._channel import is_server_url
+from ._config_checks import cadence_warning
 from ._console import Print, finished, format_result, result_of, summarize
 from ._study_setup import check_resumed_config, prepare
-from .config import StudyConfig, cadence_warning, redact
+from .config import StudyConfig, redact
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
 from .db import utcnow
 from .errors import Stopped, Terminated
@@ -50,6 +51,13 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         sampler=make_sampler(cfg, cfg.seed),
         pruner=make_pruner(cfg))
     check_resumed_config(cfg, study, accept_changes, echo)
+    existing = study.get_trials(deepcopy=False)
+    if not existing and cfg.warm_start:
+        for point in space.warm_starts:
+            study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})
+    if record.STUDY_CONFIG not in study.user_attrs:  # workers wait for it before joining
+        study.set_user_attr(record.STUDY_SPACE, space.to_dict())
+        study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
     folder = Path(cfg.run_dir) / cfg.study_name
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder,
                       {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
@@ -58,15 +66,8 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
     registry = registry_for(cfg.storage)
     if not is_server_url(cfg.storage):  # trials of workers that died meanwhile
         recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)
-    existing = study.get_trials(deepcopy=False)
     tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
                         cfg.public_dict(), space.to_dict(), resumed=bool(existing))
-    if not existing:
-        study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
-        study.set_user_attr(record.STUDY_SPACE, space.to_dict())
-        if cfg.warm_start:
-            for point in space.warm_starts:
-                study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})
     done = len(finished(study))
     todo = None if cfg.budget.n_trials is None else max(cfg.budget.n_trials - done, 0)
     if existing:

@@ -8,6 +8,7 @@ server's ``autotune://HOST:PORT``) and the study's name.
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from .trial_runner import TrialRunner
 
 __all__ = ["run_worker"]
 
+# How long a worker waits for a study found half-created, its config not yet written.
+CREATION_WAIT_S = 30.0
+
 
 def _load(storage: Any, study_name: str) -> tuple[optuna.Study, StudyConfig, SearchSpace]:
     try:
@@ -39,8 +43,14 @@ def _load(storage: Any, study_name: str) -> tuple[optuna.Study, StudyConfig, Sea
         raise ConfigError(f"no study {study_name!r} there; create it with `autotune start "
                           "study FILE --workers 0`") from e
     attrs = study.user_attrs
-    if "config" not in attrs or "search_space" not in attrs:
-        raise ConfigError(f"study {study_name!r} was not created by autotune start study")
+    waited_until = time.monotonic() + CREATION_WAIT_S
+    while record.STUDY_CONFIG not in attrs and time.monotonic() < waited_until:
+        time.sleep(0.5)   # `start study` writes its config just after creating the study
+        attrs = optuna.load_study(study_name=study_name, storage=storage).user_attrs
+    if record.STUDY_CONFIG not in attrs or record.STUDY_SPACE not in attrs:
+        raise ConfigError(f"study {study_name!r} holds no autotune config after "
+                          f"{CREATION_WAIT_S:.0f} s: it was not created by `autotune start "
+                          "study`, or its creation was interrupted (run that command again)")
     cfg = StudyConfig.from_dict(attrs[record.STUDY_CONFIG])
     space = SearchSpace.from_dict(attrs[record.STUDY_SPACE])
     study = optuna.load_study(study_name=study_name, storage=storage,

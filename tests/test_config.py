@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from autotune import config
+from autotune._config_checks import cadence_warning
 from autotune.cli import main
 from autotune.errors import ConfigError
 
@@ -219,8 +220,8 @@ def test_a_cadence_that_cannot_fit_the_trial_cap_is_warned_of(workdir):
             f"trainer: {{eval_every_s: {every}}}\nbudget: {{n_trials: 1, max_trial_s: {cap}}}\n")
         return config.load(str(workdir / "c.yaml"))
 
-    assert config.cadence_warning(cfg(0, 60)) is None          # the default cadence always fits
-    assert config.cadence_warning(cfg(10, 60)) is None
-    assert "once at most" in config.cadence_warning(cfg(40, 60))
-    line = config.cadence_warning(cfg(90, 60))
+    assert cadence_warning(cfg(0, 60)) is None          # the default cadence always fits
+    assert cadence_warning(cfg(10, 60)) is None
+    assert "once at most" in cadence_warning(cfg(40, 60))
+    line = cadence_warning(cfg(90, 60))
     assert "no trial evaluates before its cap" in line and "\n" not in line

@@ -62,6 +62,41 @@ def test_a_worker_for_an_unknown_study_is_one_line(tmp_path):
     assert result.stderr.strip().startswith("autotune: error: no study 'nope'")
 
 
+def test_a_worker_waits_for_a_study_start_study_is_still_creating(tmp_path, monkeypatch):
+    """Workers started with `start study` may find its study before its config is written:
+    they wait for it (the last CI failure: both workers quit at once), and only a study that
+    never gets one is refused, in one line."""
+    import threading
+
+    from autotune import record, worker
+    from autotune.config import StudyConfig
+    from autotune.errors import ConfigError
+    from autotune.space import load_space
+
+    storage = f"sqlite:///{tmp_path / 'x.db'}"
+    bare = optuna.create_study(study_name="half", storage=storage)
+    cfg = StudyConfig.from_dict({"study_name": "half", "search_space": "quickstart"})
+    space = load_space("quickstart", world_size=1)
+
+    def finish_creating() -> None:
+        time.sleep(1.0)
+        bare.set_user_attr(record.STUDY_SPACE, space.to_dict())
+        bare.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
+
+    writer = threading.Thread(target=finish_creating)
+    writer.start()
+    started = time.monotonic()
+    _, joined_cfg, joined_space = worker._load(storage, "half")
+    writer.join()
+    assert time.monotonic() - started >= 0.9
+    assert joined_cfg.study_name == "half" and joined_space.to_dict() == space.to_dict()
+
+    optuna.create_study(study_name="never", storage=storage)
+    monkeypatch.setattr(worker, "CREATION_WAIT_S", 1.0)
+    with pytest.raises(ConfigError, match="holds no autotune config after 1 s.*start study"):
+        worker._load(storage, "never")
+
+
 @pytest.mark.slow  # 2 minutes; test_crash_safety resumes a lost trial elsewhere, and
 # test_trainer_resume checks the trainer's checkpoint on SIGTERM
 def test_sigterm_checkpoints_the_running_trial_and_another_worker_resumes_it(postgres,

@@ -96,6 +96,16 @@ def stop(reason: str, deadline_s: float | None = None) -> Reply:
     return decision("stop", reason, deadline_s)
 
 
+def and_checkpoint(reply: Reply) -> Reply:
+    """``reply``'s go-on turned into: save a checkpoint, then go on."""
+    return {**reply, "action": "checkpoint"}
+
+
+def goes_on(reply: Reply) -> bool:
+    """Whether ``reply`` lets the trial go on as it is."""
+    return reply["action"] == "continue"
+
+
 def plan_reply(plan: dict[str, Any]) -> Reply:
     """The answer to warm ranks' ``ready``: the next trial's plan."""
     return {"action": "plan", "plan": plan}
