@@ -199,7 +199,7 @@ def test_a_recoverer_that_was_stalled_itself_holds_its_judgement_for_a_grace():
 
 
 def test_the_server_control_loop_says_when_it_ran_late_and_gives_no_one_up_then(tmp_path):
-    from autotune.server import ControlLoop
+    from autotune._control_loop import ControlLoop
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     study, trial = make_study(url)
