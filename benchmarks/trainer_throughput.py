@@ -1,12 +1,17 @@
 """Trainer throughput: the DeepSpeed trainer against a plain PyTorch loop, and its data loader.
 
     python benchmarks/trainer_throughput.py [--model resnet50] [--size 32] [--batch 64]
+                                            [--ranks 2]
 
-1. The trainer (trainers/image_classifier.py under the deepspeed launcher, one rank, all
-   cores, a fixed plan, synthetic data): images/s over each training window, as it reports
-   them at its evaluations.
-2. A plain PyTorch loop written here: same model, batch, threads and precision (fp32 on CPUs),
-   SGD with momentum and the same loss; warmed up, then timed. It runs interleaved with the
+1. The trainer (trainers/image_classifier.py under the deepspeed launcher, one rank with all
+   cores, or ``--ranks N`` ranks sharing them over gloo, a fixed plan, synthetic data):
+   images/s over each training window, as it reports them at its evaluations. With two ranks
+   or more it also measures the gradient noise scale (fp32), and reports what that cost it
+   (``noise_cost_s``): its overhead is inside the ratio below.
+2. A plain PyTorch loop written here: same model, global batch, threads and precision (fp32 on
+   CPUs), SGD with momentum and the same loss; with ``--ranks N``, N processes under plain
+   ``DistributedDataParallel`` over gloo, each with its share of the batch and of the cores
+   (no noise scale). Warmed up, then timed. It runs interleaved with the
    trainer: at each evaluation the trainer waits, idle, for the benchmark's reply, and the
    benchmark times one plain window before replying. Each trainer window after the first
    (warm-up) is compared with the mean of the plain windows on either side of it, so the
@@ -15,7 +20,8 @@
 3. The trainer's ImageFolder loader alone (default loader workers) over a tree of JPEGs this
    benchmark generates, at the same resolution.
 
-Last line: trainer_img_s=X plain_img_s=Y ratio=X/Y loader_img_s=Z loader_ratio=Z/X
+Last line: trainer_img_s=X plain_img_s=Y ratio=X/Y [noise_share=S] loader_img_s=Z
+loader_ratio=Z/X
 """
 
 from __future__ import annotations
@@ -77,18 +83,92 @@ class PlainLoop:
         return self.batch * steps / (time.perf_counter() - start)
 
 
+def _ddp_rank(rank: int, world: int, port: int, model: str, size: int, batch: int,
+              threads: int, pipe: Any) -> None:
+    """One rank of the plain DDP baseline: runs a timed window each time it is asked."""
+    import torch.distributed as dist
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    torch.manual_seed(0)
+    net = DistributedDataParallel(getattr(torchvision.models, model)(num_classes=1000))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x, y = torch.randn(batch // world, 3, size, size), torch.randint(0, 1000, (batch // world,))
+    net.train()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+
+    for _ in range(3):
+        step()
+    pipe.send("ready")
+    while (steps := pipe.recv()) is not None:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        dist.barrier()
+        pipe.send(time.perf_counter() - start)
+    dist.destroy_process_group()
+
+
+class PlainDDP:
+    """The baseline for N ranks: N processes under plain DistributedDataParallel (gloo), each
+    with its share of the batch and the cores, idle between windows."""
+
+    def __init__(self, model: str, size: int, batch: int, world: int) -> None:
+        import multiprocessing as mp
+
+        from tests._services import free_port
+
+        ctx = mp.get_context("spawn")
+        port, self.batch, self.pipes, self.procs = free_port(), batch, [], []
+        for rank in range(world):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_ddp_rank, daemon=True,
+                               args=(rank, world, port, model, size, batch,
+                                     max(THREADS // world, 1), theirs))
+            proc.start()
+            self.pipes.append(ours)
+            self.procs.append(proc)
+        for pipe in self.pipes:
+            if pipe.recv() != "ready":
+                raise SystemExit("the plain DDP baseline failed to start")
+
+    def window(self, steps: int) -> float:
+        for pipe in self.pipes:
+            pipe.send(steps)
+        return self.batch * steps / max(pipe.recv() for pipe in self.pipes)
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send(None)
+        for proc in self.procs:
+            proc.join(30)
+
+
 def interleaved(model: str, size: int, batch: int, windows: int, steps: int,
-                folder: Path) -> tuple[list[float], list[float]]:
-    """(trainer, plain) images/s per window: trainer window k runs before plain window k."""
-    plain = PlainLoop(model, size, batch)
+                folder: Path, world: int = 1) -> tuple[list[float], list[float], float]:
+    """(trainer, plain) images/s per window (trainer window k runs before plain window k), and
+    the share of the trainer's training time its noise-scale measurements took."""
+    plain = PlainLoop(model, size, batch) if world == 1 else PlainDDP(model, size, batch, world)
     data = {"kind": "synthetic", "image_size": size, "num_classes": 1000,
-            "train_images": batch * steps * windows, "val_images": 8}
+            "train_images": batch * steps * windows, "val_images": 8 * world}
+    threads = max(THREADS // world, 1)
     plan = resolve({"global_batch": batch, "lr_per_256": 0.1, "epochs": 1},
                    trainer={"model": model, "num_classes": 1000, "data": data,
                             "eval_every_steps": steps, "eval_batch": 8},
                    train_size=data["train_images"],
-                   hardware=Hardware(world_size=1, max_micro_batch=batch,
-                                     threads_per_rank=THREADS),
+                   hardware=Hardware(world_size=world, max_micro_batch=batch // world,
+                                     threads_per_rank=threads),
                    target={"metric": "top1", "value": 1.0}, max_seconds=0)
     trainer_rates: list[float] = []
     plain_rates: list[float] = []
@@ -99,10 +179,18 @@ def interleaved(model: str, size: int, batch: int, windows: int, steps: int,
             plain_rates.append(plain.window(steps))
         return keep_going(message)
 
-    _, process = run_plan(plan, folder, answer=answer, threads_per_rank=THREADS)
+    try:
+        messages, process = run_plan(plan, folder, answer=answer, threads_per_rank=threads)
+    finally:
+        if isinstance(plain, PlainDDP):
+            plain.close()
     if process.returncode != 0 or len(trainer_rates) < 2:
         raise SystemExit(f"the trainer failed: {process.tail(20)}")
-    return trainer_rates, plain_rates
+    end = next(m for m in messages if m.get("type") == "end")
+    if world > 1 and "noise_cost_s" not in end:
+        raise SystemExit("the trainer measured no gradient noise scale on several ranks")
+    share = float(end.get("noise_cost_s", 0.0)) / max(float(end["train_s"]), 1e-9)
+    return trainer_rates, plain_rates, share
 
 
 def paired(trainer: list[float], plain: list[float]) -> tuple[float, float, float]:
@@ -150,23 +238,33 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=5, help="timed windows (after one "
                         "warm-up window)")
     parser.add_argument("--steps", type=int, default=8, help="steps per window")
+    parser.add_argument("--ranks", type=int, default=1, help="trainer ranks (and plain DDP "
+                        "processes) sharing the cores; 2 or more measures the noise scale")
     args = parser.parse_args()
+    if args.ranks < 1 or args.batch % args.ranks:
+        parser.error(f"--ranks must be 1 or more and divide --batch {args.batch}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        trainer_rates, plain_rates = interleaved(args.model, args.size, args.batch,
-                                                 args.windows + 1, args.steps, folder)
+        trainer_rates, plain_rates, noise_share = interleaved(
+            args.model, args.size, args.batch, args.windows + 1, args.steps, folder, args.ranks)
         trainer, plain, ratio = paired(trainer_rates, plain_rates)
         shown = zip(trainer_rates, plain_rates, strict=True)
         print("windows (trainer / plain img/s): "
               + ", ".join(f"{t:.1f}/{p:.1f}" for t, p in shown), flush=True)
+        ranks = f"{args.ranks} rank(s) of {max(THREADS // args.ranks, 1)} thread(s)"
+        baseline = "plain PyTorch loop" if args.ranks == 1 else "plain DDP loop (gloo)"
         print(f"trainer: {trainer:.1f} img/s ({args.model}, {args.size}px, batch {args.batch}, "
-              f"1 rank, {THREADS} threads, fp32); plain PyTorch loop: {plain:.1f} img/s "
-              "(same model, batch, threads, precision)", flush=True)
+              f"{ranks}, fp32); {baseline}: {plain:.1f} img/s (same model, batch, ranks, "
+              "threads, precision)", flush=True)
+        if args.ranks > 1:
+            print(f"gradient noise scale measured in the trainer: {100 * noise_share:.2f}% of "
+                  "its training time (its own accounting)", flush=True)
         make_jpegs(folder / "jpegs", classes=10, per_class=100, size=160)
         loader = loader_rate(folder / "jpegs", args.size, args.batch)
         print(f"ImageFolder loader alone: {loader:.1f} img/s (1,000 JPEGs of 160px, "
               f"random-resized-crop to {args.size}px, default workers)", flush=True)
-    print(f"trainer_img_s={trainer:.1f} plain_img_s={plain:.1f} ratio={ratio:.3f} "
+    noise = f" noise_share={noise_share:.4f}" if args.ranks > 1 else ""
+    print(f"trainer_img_s={trainer:.1f} plain_img_s={plain:.1f} ratio={ratio:.3f}{noise} "
           f"loader_img_s={loader:.1f} loader_ratio={loader / trainer:.2f}")
 
 

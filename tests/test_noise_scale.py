@@ -75,3 +75,70 @@ def test_a_two_rank_trial_reports_its_image_sizes_and_noise_scale_at_each_evalua
     assert end["reason"] == "planned_epochs" and end["noise_scale"] == scales[-1]
     # its cost: within a few percent of the training time (budget 2%, one step's slack)
     assert end["noise_cost_s"] < 0.05 * end["train_s"]
+
+
+_BF16_RANK = '''
+import json, os, sys
+import deepspeed, torch, torch.distributed as dist
+from trainers import noise
+
+deepspeed.init_distributed("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+config = {"train_batch_size": 8 * world, "train_micro_batch_size_per_gpu": 8,
+          "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 0},
+          "bf16": {"enabled": True}, "gradient_clipping": 0.0, "steps_per_print": 10**9,
+          "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+scale = noise.NoiseScale(8, world, smoothing=0.0)   # no smoothing: this step's terms
+torch.manual_seed(rank + 1)                          # each rank its own images
+x, y = torch.randn(8, 16).bfloat16(), torch.randint(0, 4, (8,))
+engine.enable_backward_allreduce = False             # as the trainer does on a measured step
+engine.backward(torch.nn.functional.cross_entropy(engine(x).float(), y))
+engine.enable_backward_allreduce = True
+own = [g.float().clone() for g in noise.reduced_grads(engine)]
+noise.measure(scale, engine, world)
+averaged = [g.float() for g in noise.reduced_grads(engine)]
+everyone = [[torch.zeros_like(g) for _ in range(world)] for g in own]
+for g, slots in zip(own, everyone):
+    dist.all_gather(slots, g)
+mean = [sum(slots) / world for slots in everyone]
+small = sum(float(g.double().pow(2).sum()) for slots in everyone for g in slots) / world
+big = sum(float(g.double().pow(2).sum()) for g in mean)
+b, B = 8, 8 * world
+print(json.dumps({"rank": rank, "dtype": str(next(engine.module.parameters()).dtype),
+                  "averaged": all(torch.allclose(a, m, rtol=2e-2, atol=2e-3)
+                                  for a, m in zip(averaged, mean)),
+                  "g2": scale.g2, "g2_expected": (B * big - b * small) / (B - b),
+                  "trace": scale.trace, "trace_expected": (small - big) / (1 / b - 1 / B)}),
+      flush=True)
+'''
+
+
+def test_bf16_training_measures_the_ranks_own_gradients_then_the_averaged_ones(tmp_path):
+    """bf16 as on GPUs, with DeepSpeed's own bf16 optimizer on 2 real ranks (gloo): the
+    measurement reads each rank's gradient before the all-reduce and the averaged one after,
+    and its two terms are what the formulas give on the gathered fp32 gradients."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ._services import free_port
+    from .conftest import ROOT
+
+    script = tmp_path / "bf16_rank.py"
+    script.write_text(_BF16_RANK)
+    done = subprocess.run(
+        [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
+         "--no_local_rank", "--master_port", str(free_port()), str(script)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"rank"')]
+    assert done.returncode == 0 and len(lines) == 2, (done.stdout + done.stderr)[-3000:]
+    for line in lines:
+        assert line["dtype"] == "torch.bfloat16" and line["averaged"], line
+        assert line["g2"] == pytest.approx(line["g2_expected"], rel=0.05, abs=1e-4), line
+        assert line["trace"] == pytest.approx(line["trace_expected"], rel=0.05), line
+        assert line["trace"] > 0, line

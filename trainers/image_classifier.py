@@ -77,10 +77,9 @@ class Trainer:
         trial.note("model")
         self.engine, self.scheduler = build_engine(plan, self.source.num_classes, self.device,
                                                    self.world, on_phase=trial.note)
-        # The gradient noise scale needs two batch sizes (ranks) and the gradients in the
-        # parameters (fp32: bf16 training accumulates them inside DeepSpeed's optimizer).
+        # The gradient noise scale needs two batch sizes: two ranks or more (fp32 or bf16).
         self.noise = (noise.NoiseScale(plan["micro_batch"] * plan["grad_accum"], self.world)
-                      if self.world > 1 and not plan["deepspeed"]["bf16"]["enabled"] else None)
+                      if self.world > 1 else None)
         self.noise_cost = 0.0
         self.forward = self.engine
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])

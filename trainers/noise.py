@@ -12,8 +12,10 @@ over all ``B = b x world`` images::
 
 each smoothed (their mean over the first 20 measurements, then an exponential moving average
 over about 20) before the ratio is taken, since either can be negative for a single step.
-``|G_b|^2`` is the ranks' mean. With one rank there is no second batch size, and no estimate;
-nor in bf16 training, whose gradients DeepSpeed accumulates inside its optimizer.
+``|G_b|^2`` is the ranks' mean. With one rank there is no second batch size, and no estimate.
+In bf16 training the norms are taken in fp32 over the gradients DeepSpeed reduces: the
+parameters' own (its bf16 data-parallel optimizer), or the fp32 buffers of an optimizer that
+keeps its gradients there (``get_grads_for_reduction``).
 
 The measurement is one more pass over the gradients on each rank and a scalar all-reduce; it
 is taken every ``every`` steps, chosen from its measured cost so that it stays within
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -89,25 +92,35 @@ class NoiseScale:
 
 
 def squared_norm(grads: Iterable[torch.Tensor]) -> float:
-    """The squared L2 norm of all of ``grads`` together."""
+    """The squared L2 norm of all of ``grads`` together, taken in fp32 whatever their type."""
     tensors = [g.detach() for g in grads]
     if not tensors:
         return 0.0
-    norms = torch._foreach_norm(tensors)
+    norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
     return float(torch.stack(norms).double().pow(2).sum())
 
 
-def measure(noise: NoiseScale, engine: object, world: int) -> float:
+def reduced_grads(engine: Any) -> list[torch.Tensor]:
+    """The gradients ``engine.allreduce_gradients`` averages over the ranks: the fp32 buffers
+    of an optimizer that keeps them (DeepSpeed's BF16_Optimizer), else the parameters'."""
+    split = getattr(getattr(engine, "optimizer", None), "get_grads_for_reduction", None)
+    if split is not None:
+        grads, experts = split()
+        return [g for g in list(grads) + [g for gs in experts.values() for g in gs]
+                if g is not None]
+    return [p.grad for p in engine.module.parameters() if p.grad is not None]
+
+
+def measure(noise: NoiseScale, engine: Any, world: int) -> float:
     """Between a rank's backward (its all-reduce held back) and the step: this rank's squared
     gradient norm, the all-reduce, the averaged gradient's; added to ``noise``. Returns the
     seconds the extra work took (the all-reduce itself is training's)."""
     t = time.perf_counter()
-    params = [p for p in engine.module.parameters() if p.grad is not None]  # type: ignore[attr-defined]
-    small = torch.tensor(squared_norm(p.grad for p in params), dtype=torch.float64)
+    small = torch.tensor(squared_norm(reduced_grads(engine)), dtype=torch.float64)
     extra = time.perf_counter() - t
-    engine.allreduce_gradients()  # type: ignore[attr-defined]
+    engine.allreduce_gradients()
     t = time.perf_counter()
     dist.all_reduce(small)
-    big = squared_norm(p.grad for p in params)
+    big = squared_norm(reduced_grads(engine))
     noise.add(float(small) / world, big)
     return extra + time.perf_counter() - t
