@@ -68,7 +68,10 @@ def test_a_two_rank_trial_reports_its_image_sizes_and_noise_scale_at_each_evalua
     assert plan["image_sizes"] == [16, 32]              # progressive resizing, 16 -> 32 px
     messages = drive(plan, tmp_path)
     evals = [m for m in messages if m["type"] == "eval"]
-    assert [m["image_size"] for m in evals] == [16, 32]
+    # each evaluation at its epoch's size (a slow machine evaluates within epochs too)
+    assert [m["image_size"] for m in evals] == [
+        plan["image_sizes"][math.ceil(m["epoch"] - 1e-9) - 1] for m in evals]
+    assert evals[0]["image_size"] == 16 and evals[-1]["image_size"] == 32
     scales = [m.get("noise_scale") for m in evals]
     assert all(s is not None and math.isfinite(s) and s > 0 for s in scales), scales
     end = messages[-1]
@@ -105,7 +108,7 @@ for g, slots in zip(own, everyone):
     dist.all_gather(slots, g)
 mean = [sum(slots) / world for slots in everyone]
 small = sum(float(g.double().pow(2).sum()) for slots in everyone for g in slots) / world
-big = sum(float(g.double().pow(2).sum()) for g in mean)
+big = sum(float(g.double().pow(2).sum()) for g in averaged)   # as reduced, in bf16
 b, B = 8, 8 * world
 print(json.dumps({"rank": rank, "dtype": str(next(engine.module.parameters()).dtype),
                   "averaged": all(torch.allclose(a, m, rtol=2e-2, atol=2e-3)
@@ -139,6 +142,6 @@ def test_bf16_training_measures_the_ranks_own_gradients_then_the_averaged_ones(t
     assert done.returncode == 0 and len(lines) == 2, (done.stdout + done.stderr)[-3000:]
     for line in lines:
         assert line["dtype"] == "torch.bfloat16" and line["averaged"], line
-        assert line["g2"] == pytest.approx(line["g2_expected"], rel=0.05, abs=1e-4), line
-        assert line["trace"] == pytest.approx(line["trace_expected"], rel=0.05), line
+        assert line["g2"] == pytest.approx(line["g2_expected"], rel=1e-3, abs=1e-6), line
+        assert line["trace"] == pytest.approx(line["trace_expected"], rel=1e-3), line
         assert line["trace"] > 0, line
