@@ -11,7 +11,9 @@
 2. A plain PyTorch loop written here: same model, global batch, threads and precision (fp32 on
    CPUs), SGD with momentum and the same loss; with ``--ranks N``, N processes under plain
    ``DistributedDataParallel`` over gloo, each with its share of the batch and of the cores
-   (no noise scale). Warmed up, then timed. It runs interleaved with the
+   (no noise scale); with several ranks also the same loop all-reducing once after backward,
+   as DeepSpeed's stage 0 does (``ratio_after``), which tells DeepSpeed's form from the
+   trainer's own costs. Warmed up, then timed. It runs interleaved with the
    trainer: at each evaluation the trainer waits, idle, for the benchmark's reply, and the
    benchmark times one plain window before replying. Each trainer window after the first
    (warm-up) is compared with the mean of the plain windows on either side of it, so the
@@ -20,7 +22,7 @@
 3. The trainer's ImageFolder loader alone (default loader workers) over a tree of JPEGs this
    benchmark generates, at the same resolution.
 
-Last line: trainer_img_s=X plain_img_s=Y ratio=X/Y [noise_share=S] loader_img_s=Z
+Last line: trainer_img_s=X plain_img_s=Y ratio=X/Y [ratio_after=A noise_share=S] loader_img_s=Z
 loader_ratio=Z/X
 """
 
@@ -100,21 +102,36 @@ def _ddp_rank(rank: int, world: int, port: int, model: str, size: int, batch: in
     x, y = torch.randn(batch // world, 3, size, size), torch.randint(0, 1000, (batch // world,))
     net.train()
 
-    def step() -> None:
+    grads: list[torch.Tensor] = []
+
+    def step(after: bool) -> None:
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
+        if not after:     # DDP's own: buckets all-reduced while backward goes on
+            loss = loss_fn(net(x), y)
+            loss.backward()
+        else:             # one flat all-reduce after backward, as DeepSpeed's stage 0 does
+            with net.no_sync():
+                loss = loss_fn(net(x), y)
+                loss.backward()
+            grads[:] = [q.grad for q in net.module.parameters() if q.grad is not None]
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            flat /= world
+            for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads),
+                                  strict=True):
+                g.copy_(reduced)
         opt.step()
         loss.item()
 
     for _ in range(3):
-        step()
+        step(False)
     pipe.send("ready")
-    while (steps := pipe.recv()) is not None:
+    while (asked := pipe.recv()) is not None:
+        steps, after = asked
         dist.barrier()
         start = time.perf_counter()
         for _ in range(steps):
-            step()
+            step(after)
         dist.barrier()
         pipe.send(time.perf_counter() - start)
     dist.destroy_process_group()
@@ -143,9 +160,10 @@ class PlainDDP:
             if pipe.recv() != "ready":
                 raise SystemExit("the plain DDP baseline failed to start")
 
-    def window(self, steps: int) -> float:
+    def window(self, steps: int, after: bool = False) -> float:
+        """Images/s over ``steps`` steps; ``after``: all-reduce after backward, not during."""
         for pipe in self.pipes:
-            pipe.send(steps)
+            pipe.send((steps, after))
         return self.batch * steps / max(pipe.recv() for pipe in self.pipes)
 
     def close(self) -> None:
@@ -156,9 +174,11 @@ class PlainDDP:
 
 
 def interleaved(model: str, size: int, batch: int, windows: int, steps: int,
-                folder: Path, world: int = 1) -> tuple[list[float], list[float], float]:
-    """(trainer, plain) images/s per window (trainer window k runs before plain window k), and
-    the share of the trainer's training time its noise-scale measurements took."""
+                folder: Path, world: int = 1
+                ) -> tuple[list[float], list[float], list[float], float]:
+    """(trainer, plain, plain with the all-reduce after backward) images/s per window (trainer
+    window k runs before plain window k; the third list is empty for one rank), and the share
+    of the trainer's training time its noise-scale measurements took."""
     plain = PlainLoop(model, size, batch) if world == 1 else PlainDDP(model, size, batch, world)
     data = {"kind": "synthetic", "image_size": size, "num_classes": 1000,
             "train_images": batch * steps * windows, "val_images": 8 * world}
@@ -172,11 +192,14 @@ def interleaved(model: str, size: int, batch: int, windows: int, steps: int,
                    target={"metric": "top1", "value": 1.0}, max_seconds=0)
     trainer_rates: list[float] = []
     plain_rates: list[float] = []
+    after_rates: list[float] = []
 
     def answer(message: dict[str, Any]) -> dict[str, Any]:
         if message.get("type") == "eval":   # the trainer waits, idle, for this reply
             trainer_rates.append(float(message["images_per_s"]))
             plain_rates.append(plain.window(steps))
+            if isinstance(plain, PlainDDP):
+                after_rates.append(plain.window(steps, after=True))
         return keep_going(message)
 
     try:
@@ -190,7 +213,7 @@ def interleaved(model: str, size: int, batch: int, windows: int, steps: int,
     if world > 1 and "noise_cost_s" not in end:
         raise SystemExit("the trainer measured no gradient noise scale on several ranks")
     share = float(end.get("noise_cost_s", 0.0)) / max(float(end["train_s"]), 1e-9)
-    return trainer_rates, plain_rates, share
+    return trainer_rates, plain_rates, after_rates, share
 
 
 def paired(trainer: list[float], plain: list[float]) -> tuple[float, float, float]:
@@ -245,7 +268,7 @@ def main() -> None:
         parser.error(f"--ranks must be 1 or more and divide --batch {args.batch}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        trainer_rates, plain_rates, noise_share = interleaved(
+        trainer_rates, plain_rates, after_rates, noise_share = interleaved(
             args.model, args.size, args.batch, args.windows + 1, args.steps, folder, args.ranks)
         trainer, plain, ratio = paired(trainer_rates, plain_rates)
         shown = zip(trainer_rates, plain_rates, strict=True)
@@ -256,15 +279,19 @@ def main() -> None:
         print(f"trainer: {trainer:.1f} img/s ({args.model}, {args.size}px, batch {args.batch}, "
               f"{ranks}, fp32); {baseline}: {plain:.1f} img/s (same model, batch, ranks, "
               "threads, precision)", flush=True)
+        extra = ""
         if args.ranks > 1:
+            _, after, after_ratio = paired(trainer_rates, after_rates)
+            print(f"plain DDP loop with one all-reduce after backward (DeepSpeed's stage-0 "
+                  f"form): {after:.1f} img/s, trainer ratio {after_ratio:.3f}", flush=True)
             print(f"gradient noise scale measured in the trainer: {100 * noise_share:.2f}% of "
                   "its training time (its own accounting)", flush=True)
+            extra = f" ratio_after={after_ratio:.3f} noise_share={noise_share:.4f}"
         make_jpegs(folder / "jpegs", classes=10, per_class=100, size=160)
         loader = loader_rate(folder / "jpegs", args.size, args.batch)
         print(f"ImageFolder loader alone: {loader:.1f} img/s (1,000 JPEGs of 160px, "
               f"random-resized-crop to {args.size}px, default workers)", flush=True)
-    noise = f" noise_share={noise_share:.4f}" if args.ranks > 1 else ""
-    print(f"trainer_img_s={trainer:.1f} plain_img_s={plain:.1f} ratio={ratio:.3f}{noise} "
+    print(f"trainer_img_s={trainer:.1f} plain_img_s={plain:.1f} ratio={ratio:.3f}{extra} "
           f"loader_img_s={loader:.1f} loader_ratio={loader / trainer:.2f}")
 
 

@@ -184,9 +184,10 @@ class Trainer:
             torch.save(self.engine.module.state_dict(), plan["save_model"])
         extra: dict[str, Any] = {"best_top1": trial.state["best"].get("top1", 0.0),
                                  "best_top5": trial.state["best"].get("top5", 0.0)}
-        if self.noise is not None and self.noise.value:
-            extra["noise_scale"] = self.noise.value
-            extra["noise_cost_s"] = self.noise.cost_s
+        if self.noise is not None and self.noise.measurements:
+            extra["noise_cost_s"] = self.noise.cost_s   # spent even before an estimate shows
+            if self.noise.value:
+                extra["noise_scale"] = self.noise.value
         return trial.end(**extra)
 
     def _eval_fields(self) -> dict[str, Any]:
