@@ -36,7 +36,8 @@ __all__ = ["run_worker"]
 CREATION_WAIT_S = 30.0
 
 
-def _load(storage: Any, study_name: str) -> tuple[optuna.Study, StudyConfig, SearchSpace]:
+def _load(storage: Any, study_name: str, echo: Callable[[str], None] = print
+          ) -> tuple[optuna.Study, StudyConfig, SearchSpace]:
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError as e:
@@ -44,8 +45,11 @@ def _load(storage: Any, study_name: str) -> tuple[optuna.Study, StudyConfig, Sea
                           "study FILE --workers 0`") from e
     attrs = study.user_attrs
     waited_until = time.monotonic() + CREATION_WAIT_S
+    if record.STUDY_CONFIG not in attrs:   # `start study` writes it just after creating it
+        echo(f"study {study_name!r} has no autotune config yet: waiting up to "
+             f"{CREATION_WAIT_S:.0f} s for `autotune start study` to write it")
     while record.STUDY_CONFIG not in attrs and time.monotonic() < waited_until:
-        time.sleep(0.5)   # `start study` writes its config just after creating the study
+        time.sleep(0.5)
         attrs = optuna.load_study(study_name=study_name, storage=storage).user_attrs
     if record.STUDY_CONFIG not in attrs or record.STUDY_SPACE not in attrs:
         raise ConfigError(f"study {study_name!r} holds no autotune config after "
@@ -83,7 +87,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     quiet_libraries()
     sweep_orphaned_shm_buffers()  # left by an earlier worker on this machine killed with -9
     storage = open_storage(storage_url, create=False)   # joins a study; creates nothing
-    study, cfg, space = _load(storage, study_name)
+    study, cfg, space = _load(storage, study_name, echo)
     check_allowed(cfg.trainer.program, cfg.trainer.program_sha256, allow_programs, study_name)
     check_writable(cfg.run_dir, "the study's run_dir")
     check_writable(cfg.tracking_uri, "the study's tracking_uri")

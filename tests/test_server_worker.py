@@ -86,15 +86,18 @@ def test_a_worker_waits_for_a_study_start_study_is_still_creating(tmp_path, monk
     writer = threading.Thread(target=finish_creating)
     writer.start()
     started = time.monotonic()
-    _, joined_cfg, joined_space = worker._load(storage, "half")
+    said: list[str] = []
+    _, joined_cfg, joined_space = worker._load(storage, "half", said.append)
     writer.join()
     assert time.monotonic() - started >= 0.9
     assert joined_cfg.study_name == "half" and joined_space.to_dict() == space.to_dict()
+    assert said == ["study 'half' has no autotune config yet: waiting up to 30 s for "
+                    "`autotune start study` to write it"]
 
     optuna.create_study(study_name="never", storage=storage)
     monkeypatch.setattr(worker, "CREATION_WAIT_S", 1.0)
     with pytest.raises(ConfigError, match="holds no autotune config after 1 s.*start study"):
-        worker._load(storage, "never")
+        worker._load(storage, "never", said.append)
 
 
 @pytest.mark.slow  # 2 minutes; test_crash_safety resumes a lost trial elsewhere, and
