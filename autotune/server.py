@@ -39,6 +39,7 @@ from .errors import ConfigError
 
 __all__ = ["serve", "open_database"]
 
+
 def open_database(storage_url: str) -> Any:
     """Optuna's RDB storage for ``storage_url``, with the trial snapshots many workers share,
     riding out database restarts."""

@@ -13,9 +13,8 @@ over all ``B = b x world`` images::
 each smoothed (their mean over the first 20 measurements, then an exponential moving average
 over about 20) before the ratio is taken, since either can be negative for a single step.
 ``|G_b|^2`` is the ranks' mean. With one rank there is no second batch size, and no estimate.
-In bf16 training the norms are taken in fp32 over the gradients DeepSpeed reduces: the
-parameters' own (its bf16 data-parallel optimizer), or the fp32 buffers of an optimizer that
-keeps its gradients there (``get_grads_for_reduction``).
+In bf16 training (ZeRO stage 0: DeepSpeed's bf16 data-parallel optimizer, whose gradients stay
+in the parameters and are all-reduced there) the norms are taken in fp32.
 
 The measurement is one more pass over the gradients on each rank and a scalar all-reduce; it
 is taken every ``every`` steps, chosen from its measured cost so that it stays within
@@ -101,13 +100,8 @@ def squared_norm(grads: Iterable[torch.Tensor]) -> float:
 
 
 def reduced_grads(engine: Any) -> list[torch.Tensor]:
-    """The gradients ``engine.allreduce_gradients`` averages over the ranks: the fp32 buffers
-    of an optimizer that keeps them (DeepSpeed's BF16_Optimizer), else the parameters'."""
-    split = getattr(getattr(engine, "optimizer", None), "get_grads_for_reduction", None)
-    if split is not None:
-        grads, experts = split()
-        return [g for g in list(grads) + [g for gs in experts.values() for g in gs]
-                if g is not None]
+    """The gradients ``engine.allreduce_gradients`` averages over the ranks: the parameters'
+    own, in fp32 and in bf16 alike (ZeRO stage 0, as plans set it)."""
     return [p.grad for p in engine.module.parameters() if p.grad is not None]
 
 
