@@ -28,8 +28,9 @@ recorded curve again; in a real study it tunes near the best.
 Once three trials have measured their gradient noise scale (the trainer's ``noise_scale``,
 :mod:`trainers.noise`), spread points keep their global batch within ``BATCH_FACTOR`` (8) x the
 largest one measured (``batch_cap``): beyond it a batch buys almost no fewer steps for its
-images. TPE's proposals are not capped; a space without ``global_batch``, or a study whose
-trainers measure nothing (one rank, bf16), is never capped.
+images. TPE's proposals are held to the same cap (a batch above it becomes the largest one
+within it); a space without ``global_batch``, or a study whose trainers measure nothing (one
+rank), is never capped.
 
 Workers need no coordination beyond the study store: running trials count as tried, so two
 workers asking one after the other spread apart (each worker draws its own candidates).
@@ -58,7 +59,7 @@ from ._spread import farthest
 from .pruners import Curve
 
 __all__ = ["BATCH_FACTOR", "ExploringTPESampler", "SpreadSampler", "batch_cap",
-           "planned_seconds"]
+           "planned_seconds", "within_cap"]
 
 _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 # Global batches above this many times the largest measured gradient noise scale are not
@@ -102,6 +103,21 @@ def capped(space: dict[str, BaseDistribution], cap: float | None
     return space
 
 
+def within_cap(name: str, value: Any, dist: BaseDistribution, cap: float | None) -> Any:
+    """``value`` proposed for ``name``, moved to the largest ``global_batch`` within ``cap``
+    when it lies above it (any other parameter, or a value within the cap, as it is)."""
+    if name != "global_batch" or cap is None or not isinstance(value, int | float) \
+            or value <= cap:
+        return value
+    kept = capped({name: dist}, cap)[name]
+    if isinstance(kept, CategoricalDistribution):
+        numbers = [c for c in kept.choices if isinstance(c, int | float)]
+        return max(numbers) if numbers else value
+    if isinstance(kept, IntDistribution | FloatDistribution):
+        return min(value, kept.high)
+    return value
+
+
 def planned_seconds(trial: FrozenTrial) -> float | None:
     """How long ``trial``'s whole schedule takes, from its last evaluation: elapsed seconds over
     the share of the planned schedule done (None before a first evaluation). Known for pruned
@@ -111,6 +127,12 @@ def planned_seconds(trial: FrozenTrial) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     return end if 0 < end < math.inf else None
+
+
+def _study_cap(study: optuna.Study, trial: FrozenTrial) -> float | None:
+    """``batch_cap`` over the trials ``study`` has tried or is trying, ``trial`` aside."""
+    return batch_cap([t for t in study.get_trials(deepcopy=False, states=_TRIED)
+                      if t.number != trial.number])
 
 
 class SpreadSampler(optuna.samplers.BaseSampler):
@@ -173,7 +195,10 @@ class SpreadSampler(optuna.samplers.BaseSampler):
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        return self._random.sample_independent(study, trial, param_name, param_distribution)
+        value = self._random.sample_independent(study, trial, param_name, param_distribution)
+        if param_name != "global_batch":
+            return value
+        return within_cap(param_name, value, param_distribution, _study_cap(study, trial))
 
     def reseed_rng(self) -> None:
         self._rng = random.Random()
@@ -211,12 +236,21 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        return self._for(study, trial).sample_relative(study, trial, search_space)
+        sampler = self._for(study, trial)
+        params = sampler.sample_relative(study, trial, search_space)
+        if sampler is self._tpe and "global_batch" in params:   # spread points cap themselves
+            cap = _study_cap(study, trial)
+            params["global_batch"] = within_cap("global_batch", params["global_batch"],
+                                                search_space["global_batch"], cap)
+        return params
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        return self._for(study, trial).sample_independent(study, trial, param_name,
-                                                          param_distribution)
+        value = self._for(study, trial).sample_independent(study, trial, param_name,
+                                                           param_distribution)
+        if param_name != "global_batch":
+            return value
+        return within_cap(param_name, value, param_distribution, _study_cap(study, trial))
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self._for(study, trial).before_trial(study, trial)

@@ -220,9 +220,10 @@ def test_bad_settings_are_refused():
         SpreadSampler(neighbours=0)
 
 
-def _batch_study(noise_scales: list[float]) -> optuna.Study:
+def _batch_study(noise_scales: list[float],
+                 sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
     """A study whose finished trials measured these noise scales (one each, batch 16)."""
-    study = optuna.create_study(direction="minimize", sampler=SpreadSampler(seed=3))
+    study = optuna.create_study(direction="minimize", sampler=sampler or SpreadSampler(seed=3))
     space = {"global_batch": CategoricalDistribution([16, 32, 64, 128, 256, 512]),
              "lr": FloatDistribution(0.01, 1.0, log=True)}
     for i, scale in enumerate(noise_scales):
@@ -254,3 +255,26 @@ def test_a_study_keeps_its_batches_within_the_factor_of_the_measured_noise_scale
     assert max(free) > 64
     # a cap below every batch keeps the smallest
     assert set(_batches(_batch_study([0.5, 0.5, 1.0]), 5)) == {16}
+
+
+def test_tpes_proposals_are_held_to_the_noise_scale_cap_too():
+    from autotune.samplers import within_cap
+
+    # TPE proposes every trial here; its history's best trial sits at the largest batch
+    tpe_only = ExploringTPESampler(seed=5, n_startup_trials=0, tpe_every=1)
+    study = _batch_study([4.0, 6.0, 8.0], tpe_only)        # cap: 64 images
+    study.add_trial(optuna.trial.create_trial(
+        params={"global_batch": 512, "lr": 0.1}, value=0.1,
+        distributions={"global_batch": CategoricalDistribution([16, 32, 64, 128, 256, 512]),
+                       "lr": FloatDistribution(0.01, 1.0, log=True)}))
+    found = _batches(study, 16)
+    assert max(found) <= 64 and 64 in found
+    free = _batches(_batch_study([4.0, 6.0], ExploringTPESampler(seed=5, n_startup_trials=0,
+                                                                  tpe_every=1)), 16)
+    assert max(free) > 64
+    # the rule itself, on each kind of distribution
+    assert within_cap("global_batch", 300, IntDistribution(16, 1024, step=16), 100.0) == 96
+    assert within_cap("global_batch", 300.0, FloatDistribution(16, 1024), 100.0) == 100.0
+    assert within_cap("global_batch", 48, IntDistribution(16, 1024), 100.0) == 48
+    assert within_cap("lr", 5.0, FloatDistribution(0.01, 10.0), 1.0) == 5.0
+    assert within_cap("global_batch", 512, CategoricalDistribution([256, 512]), 100.0) == 256
