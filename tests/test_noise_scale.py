@@ -1,5 +1,6 @@
 """The gradient noise scale (trainers/noise.py): the two-batch-size estimator against gradients
-of known variance, its pace within its budget, and a real 2-rank trial that reports it."""
+of known variance, its pace within its budget, and a real 2-rank trial that reports it; and the
+flat gradient buffer it measures in (trainers/_grads.py) against DeepSpeed's own all-reduce."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def test_a_two_rank_trial_reports_its_image_sizes_and_noise_scale_at_each_evalua
     assert end["noise_cost_s"] < 0.05 * end["train_s"]
 
 
-_BF16_RANK = '''
+_RANK = '''
 import json, os, sys
 import deepspeed, torch, torch.distributed as dist
 from trainers import noise
@@ -101,7 +102,7 @@ engine.enable_backward_allreduce = False             # as the trainer does on a 
 engine.backward(torch.nn.functional.cross_entropy(engine(x).float(), y))
 engine.enable_backward_allreduce = True
 own = [g.float().clone() for g in noise.reduced_grads(engine)]
-noise.measure(scale, engine, world)
+noise.measure(scale, lambda: noise.reduced_grads(engine), engine.allreduce_gradients)
 averaged = [g.float() for g in noise.reduced_grads(engine)]
 everyone = [[torch.zeros_like(g) for _ in range(world)] for g in own]
 for g, slots in zip(own, everyone):
@@ -117,14 +118,52 @@ open(f"rank{rank}.json", "w").write(json.dumps({"rank": rank, "dtype": dtype,
                                   for a, m in zip(averaged, mean)),
                   "g2": scale.g2, "g2_expected": (B * big - b * small) / (B - b),
                   "trace": scale.trace, "trace_expected": (small - big) / (1 / b - 1 / B)}))
+
+
+# fp32: the trainer's flat gradient buffer against DeepSpeed's own all-reduce, three steps
+def fp32_engine():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4))
+    config = {"train_batch_size": 4 * world, "train_micro_batch_size_per_gpu": 4,
+              "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 0},
+              "gradient_clipping": 0.0, "steps_per_print": 10**9}
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    return deepspeed.initialize(model=net, optimizer=opt, config=config)[0]
+
+
+from trainers._grads import FlatGrads
+theirs, ours = fp32_engine(), fp32_engine()
+flat = FlatGrads(list(ours.module.parameters()), world)
+ours.enable_backward_allreduce = False               # as the trainer sets it
+first = next(ours.module.parameters())
+start = first.detach().clone()
+same_grads, same_params = [], []
+for step in range(3):
+    torch.manual_seed(100 * step + rank)             # each rank its own images, each step new
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 4, (4,))
+    theirs.backward(torch.nn.functional.cross_entropy(theirs(x), y))
+    flat.attach()
+    ours.backward(torch.nn.functional.cross_entropy(ours(x), y))
+    in_buffer = first.grad is flat.views[0]
+    flat.all_reduce()
+    same_grads.append(in_buffer and all(
+        torch.allclose(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+        for a, b in zip(theirs.module.parameters(), ours.module.parameters())))
+    theirs.step()
+    ours.step()
+    same_params.append(all(torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+                           for a, b in zip(theirs.module.parameters(), ours.module.parameters())))
+open(f"flat{rank}.json", "w").write(json.dumps({
+    "usable": FlatGrads.usable(ours), "bf16_usable": FlatGrads.usable(engine),
+    "grads": same_grads, "params": same_params, "moved": not torch.allclose(first, start)}))
 '''
 
 
-def test_bf16_training_measures_the_ranks_own_gradients_then_the_averaged_ones(tmp_path):
-    """bf16 as on GPUs, with DeepSpeed's own bf16 optimizer on 2 real ranks (gloo): the
-    measurement reads each rank's gradient before the all-reduce and the averaged one after,
-    and its two terms are what the formulas give on the gathered fp32 gradients."""
-    import json
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The rank script above, launched once on 2 real ranks (gloo) through DeepSpeed's
+    launcher: the folder its ranks wrote their results in."""
     import os
     import subprocess
     import sys
@@ -132,17 +171,57 @@ def test_bf16_training_measures_the_ranks_own_gradients_then_the_averaged_ones(t
     from ._services import free_port
     from .conftest import ROOT
 
-    script = tmp_path / "bf16_rank.py"
-    script.write_text(_BF16_RANK)
+    tmp_path = tmp_path_factory.mktemp("two_ranks")
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK)
     done = subprocess.run(
         [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
          "--no_local_rank", "--master_port", str(free_port()), str(script)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return tmp_path
+
+
+def test_bf16_training_measures_the_ranks_own_gradients_then_the_averaged_ones(two_ranks):
+    """bf16 as on GPUs, with DeepSpeed's own bf16 optimizer on 2 real ranks (gloo): the
+    measurement reads each rank's gradient before the all-reduce and the averaged one after,
+    and its two terms are what the formulas give on the gathered fp32 gradients."""
+    import json
+
+    tmp_path = two_ranks
     lines = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for line in lines:
         assert line["dtype"] == "torch.bfloat16" and line["averaged"], line
         assert line["g2"] == pytest.approx(line["g2_expected"], rel=1e-3, abs=1e-6), line
         assert line["trace"] == pytest.approx(line["trace_expected"], rel=1e-3), line
         assert line["trace"] > 0, line
+
+
+def test_the_flat_buffer_reduces_and_steps_as_deepspeeds_own_all_reduce(two_ranks):
+    """fp32 on 2 real ranks: the trainer's flat gradient buffer (trainers/_grads.py), reduced
+    in place, holds DeepSpeed's averaged gradients, and the engine steps to its parameters; bf16
+(DeepSpeed's own optimizer) keeps DeepSpeed's all-reduce."""
+    import json
+
+    for rank in (0, 1):
+        line = json.loads((two_ranks / f"flat{rank}.json").read_text())
+        assert line == {"usable": True, "bf16_usable": False, "grads": [True] * 3,
+                        "params": [True] * 3, "moved": True}, line
+
+
+def test_each_gradient_is_a_view_with_its_parameters_layout():
+    from trainers._grads import FlatGrads
+
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    linear = torch.nn.Linear(4, 2)
+    frozen = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+    flat = FlatGrads([*conv.parameters(), *linear.parameters(), frozen], world=2)
+    flat.attach()
+    assert [p.grad is v for p, v in zip(flat.params, flat.views, strict=True)] == [True] * 4
+    assert frozen.grad is None and len(flat.buffers) == 1
+    assert flat.buffers[0].numel() == sum(p.numel() for p in flat.params)
+    assert conv.weight.grad.stride() == conv.weight.stride() != torch.empty(4, 3, 3, 3).stride()
+    flat.buffers[0].fill_(1.0)
+    flat.attach()          # the next step starts from zero
+    assert all(float(p.grad.abs().sum()) == 0.0 for p in flat.params)

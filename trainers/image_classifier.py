@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from trainers import api, noise
 from trainers._control import DIVERGED, GO, OOM, REASONS
+from trainers._grads import FlatGrads
 from trainers._rank import agree, is_oom
 from trainers.models import build_engine, evaluate
 from trainers.sources import Source, kept_source
@@ -81,6 +82,11 @@ class Trainer:
         self.noise = (noise.NoiseScale(plan["micro_batch"] * plan["grad_accum"], self.world)
                       if self.world > 1 else None)
         self.noise_cost = 0.0
+        # fp32 on several ranks: gradients in one flat buffer, all-reduced in place (_grads)
+        self.flat = (FlatGrads(list(self.engine.module.parameters()), self.world)
+                     if self.world > 1 and FlatGrads.usable(self.engine) else None)
+        if self.flat is not None:
+            self.engine.enable_backward_allreduce = False
         self.forward = self.engine
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan["label_smoothing"])
         trial.checkpointing(save=self._save, load=self._load)
@@ -121,8 +127,10 @@ class Trainer:
     # -- training -----------------------------------------------------------------------------
     def _step(self, batches: Any) -> int:
         """One optimizer step (``grad_accum`` micro-batches); a stop code."""
-        step = self.trial.step
+        step, flat = self.trial.step, self.flat
         for micro_step in range(self.plan["grad_accum"]):
+            if flat is not None and micro_step == 0:
+                flat.attach()   # the engine's last step set every gradient to None
             x, y = self._to_device(*next(batches))
             try:
                 with self._autocast():
@@ -135,15 +143,23 @@ class Trainer:
             code = agree(code)[0]
             if code != GO:
                 return code  # every rank leaves before backward: no collective hangs
-            scale = self.noise if micro_step == self.plan["grad_accum"] - 1 else None
+            last = micro_step == self.plan["grad_accum"] - 1
+            scale = self.noise if last else None
             measure = scale is not None and scale.due(step)
             try:
-                if measure:   # the all-reduce waits until this rank's own norm is taken
+                if measure and flat is None:   # the all-reduce waits for this rank's own norm
                     self.engine.enable_backward_allreduce = False
                 self.engine.backward(loss)
                 if scale is not None and measure:
-                    self.engine.enable_backward_allreduce = True
-                    self.noise_cost = noise.measure(scale, self.engine, self.world)
+                    if flat is None:
+                        self.engine.enable_backward_allreduce = True
+                        self.noise_cost = noise.measure(
+                            scale, lambda: noise.reduced_grads(self.engine),
+                            self.engine.allreduce_gradients)
+                    else:
+                        self.noise_cost = noise.measure(scale, flat.grads, flat.all_reduce)
+                elif flat is not None and last:
+                    flat.all_reduce()
                 self.engine.step()
             except RuntimeError as e:
                 if not is_oom(e):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ class NoiseScale:
 
     def __init__(self, b: int, world: int, smoothing: float = 0.95, budget: float = 0.02
                  ) -> None:
-        self.b, self.B = int(b), int(b) * int(world)
+        self.b, self.B, self.world = int(b), int(b) * int(world), int(world)
         self.smoothing, self.budget = smoothing, budget
         self.g2: float | None = None         # EMA of |G|^2
         self.trace: float | None = None      # EMA of tr(Sigma)
@@ -105,16 +105,18 @@ def reduced_grads(engine: Any) -> list[torch.Tensor]:
     return [p.grad for p in engine.module.parameters() if p.grad is not None]
 
 
-def measure(noise: NoiseScale, engine: Any, world: int) -> float:
+def measure(noise: NoiseScale, grads: Callable[[], list[torch.Tensor]],
+            all_reduce: Callable[[], None]) -> float:
     """Between a rank's backward (its all-reduce held back) and the step: this rank's squared
-    gradient norm, the all-reduce, the averaged gradient's; added to ``noise``. Returns the
-    seconds the extra work took (the all-reduce itself is training's)."""
+    gradient norm over ``grads()``, ``all_reduce()`` (the ranks' mean gradient, in place), the
+    averaged gradient's norm; added to ``noise``. Returns the seconds the extra work took (the
+    all-reduce itself is training's)."""
     t = time.perf_counter()
-    small = torch.tensor(squared_norm(reduced_grads(engine)), dtype=torch.float64)
+    small = torch.tensor(squared_norm(grads()), dtype=torch.float64)
     extra = time.perf_counter() - t
-    engine.allreduce_gradients()
+    all_reduce()
     t = time.perf_counter()
     dist.all_reduce(small)
-    big = squared_norm(reduced_grads(engine))
-    noise.add(float(small) / world, big)
+    big = squared_norm(grads())
+    noise.add(float(small) / noise.world, big)
     return extra + time.perf_counter() - t
