@@ -134,19 +134,28 @@ def fp32_engine():
 
 from trainers._grads import FlatGrads
 theirs, ours = fp32_engine(), fp32_engine()
-flat = FlatGrads(list(ours.module.parameters()), world)
+flat = FlatGrads(list(ours.module.parameters()), world, bucket_mb=0.004)   # ~1,000 floats
 ours.enable_backward_allreduce = False               # as the trainer sets it
 first = next(ours.module.parameters())
 start = first.detach().clone()
-same_grads, same_params = [], []
+same_grads, same_params, own_norms = [], [], []
 for step in range(3):
     torch.manual_seed(100 * step + rank)             # each rank its own images, each step new
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 4, (4,))
+    theirs.enable_backward_allreduce = False         # DeepSpeed's path, as noise.measure
     theirs.backward(torch.nn.functional.cross_entropy(theirs(x), y))
+    own_expected = noise.squared_norm(noise.reduced_grads(theirs))
+    theirs.allreduce_gradients()
     flat.attach()
+    if step > 0:      # buckets reduced as backward fills them, this rank's norm taken first
+        flat.arm(measure=True)
     ours.backward(torch.nn.functional.cross_entropy(ours(x), y))
     in_buffer = first.grad is flat.views[0]
-    flat.all_reduce()
+    if step > 0:
+        own = flat.finish()
+        own_norms.append(abs(own - own_expected) <= 1e-5 * own_expected)
+    else:             # after backward, in one go
+        flat.all_reduce()
     same_grads.append(in_buffer and all(
         torch.allclose(a.grad, b.grad, rtol=1e-6, atol=1e-7)
         for a, b in zip(theirs.module.parameters(), ours.module.parameters())))
@@ -156,6 +165,7 @@ for step in range(3):
                            for a, b in zip(theirs.module.parameters(), ours.module.parameters())))
 open(f"flat{rank}.json", "w").write(json.dumps({
     "usable": FlatGrads.usable(ours), "bf16_usable": FlatGrads.usable(engine),
+    "buckets": len(flat.buckets) > 1, "own": own_norms,
     "grads": same_grads, "params": same_params, "moved": not torch.allclose(first, start)}))
 '''
 
@@ -200,14 +210,17 @@ def test_bf16_training_measures_the_ranks_own_gradients_then_the_averaged_ones(t
 
 def test_the_flat_buffer_reduces_and_steps_as_deepspeeds_own_all_reduce(two_ranks):
     """fp32 on 2 real ranks: the trainer's flat gradient buffer (trainers/_grads.py), reduced
-    in place, holds DeepSpeed's averaged gradients, and the engine steps to its parameters; bf16
-(DeepSpeed's own optimizer) keeps DeepSpeed's all-reduce."""
+    in place after backward or bucket by bucket during it, holds DeepSpeed's averaged
+    gradients, the engine steps to its parameters, and the rank's own squared norm taken on the
+    way is the one before DeepSpeed's all-reduce; bf16 (DeepSpeed's own optimizer) keeps
+    DeepSpeed's all-reduce."""
     import json
 
     for rank in (0, 1):
         line = json.loads((two_ranks / f"flat{rank}.json").read_text())
-        assert line == {"usable": True, "bf16_usable": False, "grads": [True] * 3,
-                        "params": [True] * 3, "moved": True}, line
+        assert line == {"usable": True, "bf16_usable": False, "buckets": True,
+                        "own": [True] * 2, "grads": [True] * 3, "params": [True] * 3,
+                        "moved": True}, line
 
 
 def test_each_gradient_is_a_view_with_its_parameters_layout():

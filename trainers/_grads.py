@@ -1,12 +1,18 @@
-"""The ranks' gradients in one flat buffer, all-reduced in place after backward.
+"""The ranks' gradients in one flat buffer, all-reduced in place in buckets as backward goes.
 
-DeepSpeed's stage-0 all-reduce (``engine.allreduce_gradients``) copies every gradient into a
-flat bucket, all-reduces it and copies the result back: two extra passes over the model's
-gradients each step (``benchmarks/trainer_throughput.py --ranks 2`` measured them at about 4%
-of a ResNet-50 step on 2 CPU ranks). ``FlatGrads`` lays the parameters' gradients out as views
-of one buffer a dtype, as PyTorch's DDP does with ``gradient_as_bucket_view``, so backward
-accumulates straight into it and the all-reduce runs on it in place. The result is what
-DeepSpeed's gives: the sum over the ranks times one over their number.
+DeepSpeed's stage-0 all-reduce (``engine.allreduce_gradients``) runs after backward and copies
+every gradient into a flat bucket, all-reduces it and copies the result back: two extra passes
+over the model's gradients each step, and none of the reduction hidden behind backward.
+``FlatGrads`` does what PyTorch's DDP does (``gradient_as_bucket_view``): the parameters'
+gradients are views of one buffer a dtype, laid out in the reverse of the parameters' order
+(about the order backward produces them) and cut into buckets of ``bucket_mb``; backward
+accumulates straight into the buffer, and on an armed backward (a step's last micro-batch)
+each bucket's all-reduce starts, in place and asynchronously, as soon as its last gradient is
+in, in bucket order on every rank. ``finish`` waits for them and scales by one over the
+ranks: DeepSpeed's result.
+
+On a step that measures the gradient noise scale, each bucket's squared norm (this rank's own
+gradient) is taken just before its all-reduce starts (``trainers.noise``).
 
 It applies where the engine's optimizer is the plain one (fp32, ZeRO stage 0: the engine sets
 every gradient to None after its step and leaves them to the parameters); with DeepSpeed's
@@ -15,6 +21,8 @@ bf16 or fp16 optimizers, or ZeRO, the engine reduces its own way (``usable``).
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,27 +30,54 @@ import torch.distributed as dist
 
 __all__ = ["FlatGrads"]
 
+BUCKET_MB = 25.0   # DDP's default bucket size
+
+
+@dataclass
+class _Bucket:
+    tensor: torch.Tensor                    # a slice of a flat buffer
+    size: int                               # parameters whose gradients it holds
+    pending: int = 0
+    work: Any = None
+    norms: list[torch.Tensor] = field(default_factory=list)
+
 
 class FlatGrads:
     """The gradients of ``params`` as views of one buffer a dtype (each view with its
-    parameter's strides, so channels-last weights keep their layout)."""
+    parameter's strides, so channels-last weights keep their layout), reduced in buckets."""
 
-    def __init__(self, params: list[torch.nn.Parameter], world: int) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], world: int,
+                 bucket_mb: float = BUCKET_MB) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.world = int(world)
         self.buffers: list[torch.Tensor] = []
-        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
-        for p in self.params:
-            by_kind.setdefault((p.dtype, p.device), []).append(p)
+        self.buckets: list[_Bucket] = []
+        self._bucket_of: dict[int, int] = {}
+        self.armed = self.measuring = False
+        self._next = 0           # the next bucket to start, in order
+        self.norm_s = 0.0        # seconds the armed backward spent on squared norms
         views: dict[int, torch.Tensor] = {}
+        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+        for p in reversed(self.params):
+            by_kind.setdefault((p.dtype, p.device), []).append(p)
         for (dtype, device), group in by_kind.items():
             buffer = torch.zeros(sum(p.numel() for p in group), dtype=dtype, device=device)
-            offset = 0
+            limit = max(1, int(bucket_mb * 2**20 / buffer.element_size()))
+            offset = start = 0
+            members: list[torch.nn.Parameter] = []
             for p in group:
                 views[id(p)] = buffer.as_strided(p.size(), p.stride(), offset)
+                members.append(p)
                 offset += p.numel()
+                if offset - start >= limit or p is group[-1]:
+                    for q in members:
+                        self._bucket_of[id(q)] = len(self.buckets)
+                    self.buckets.append(_Bucket(buffer[start:offset], len(members)))
+                    start, members = offset, []
             self.buffers.append(buffer)
         self.views = [views[id(p)] for p in self.params]
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._ready)
 
     @staticmethod
     def usable(engine: Any) -> bool:
@@ -61,8 +96,49 @@ class FlatGrads:
     def grads(self) -> list[torch.Tensor]:
         return self.views
 
+    def arm(self, measure: bool = False) -> None:
+        """Before the backward of a step's last micro-batch: each bucket is all-reduced as
+        soon as its gradients are in (``measure``: its squared norm taken first)."""
+        self.armed, self.measuring, self.norm_s, self._next = True, measure, 0.0, 0
+        for bucket in self.buckets:
+            bucket.pending, bucket.work, bucket.norms = bucket.size, None, []
+
+    def _ready(self, p: torch.Tensor) -> None:
+        if not self.armed:
+            return
+        self.buckets[self._bucket_of[id(p)]].pending -= 1
+        # in bucket order, as DDP does: every rank must issue its collectives in one order,
+        # whatever order its backward finished the buckets in
+        while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
+            self._start(self.buckets[self._next])
+            self._next += 1
+
+    def _start(self, bucket: _Bucket) -> None:
+        if self.measuring:
+            t = time.perf_counter()
+            bucket.norms.append(torch.linalg.vector_norm(bucket.tensor, dtype=torch.float32)
+                                .double().square())
+            self.norm_s += time.perf_counter() - t
+        bucket.work = dist.all_reduce(bucket.tensor, async_op=True)
+
     def all_reduce(self) -> None:
-        """The ranks' mean gradient, in place."""
+        """The ranks' mean gradient, in place, after a backward that was not armed."""
+        self.arm()
+        self.finish()
+
+    def finish(self) -> float | None:
+        """After the armed backward: every bucket reduced (one whose gradients never all came,
+        such as a parameter the step did not use, now) and scaled to the ranks' mean. Returns
+        this rank's own squared gradient norm when measuring (None otherwise)."""
+        for bucket in self.buckets[self._next:]:
+            self._start(bucket)
+        self._next = len(self.buckets)
+        for bucket in self.buckets:
+            bucket.work.wait()
+            bucket.work = None
         for buffer in self.buffers:
-            dist.all_reduce(buffer)
             buffer.mul_(1.0 / self.world)
+        self.armed = False
+        if not self.measuring:
+            return None
+        return float(sum(n for b in self.buckets for n in b.norms))

@@ -147,19 +147,20 @@ class Trainer:
             scale = self.noise if last else None
             measure = scale is not None and scale.due(step)
             try:
-                if measure and flat is None:   # the all-reduce waits for this rank's own norm
+                if flat is not None and last:   # buckets all-reduced as backward fills them
+                    flat.arm(measure)
+                elif measure:   # DeepSpeed's all-reduce waits for this rank's own norm
                     self.engine.enable_backward_allreduce = False
                 self.engine.backward(loss)
-                if scale is not None and measure:
-                    if flat is None:
-                        self.engine.enable_backward_allreduce = True
-                        self.noise_cost = noise.measure(
-                            scale, lambda: noise.reduced_grads(self.engine),
-                            self.engine.allreduce_gradients)
-                    else:
-                        self.noise_cost = noise.measure(scale, flat.grads, flat.all_reduce)
-                elif flat is not None and last:
-                    flat.all_reduce()
+                if flat is not None and last:
+                    own = flat.finish()
+                    if scale is not None and own is not None:
+                        self.noise_cost = flat.norm_s + noise.record(scale, own, flat.grads())
+                elif scale is not None and measure:
+                    self.engine.enable_backward_allreduce = True
+                    self.noise_cost = noise.measure(
+                        scale, lambda: noise.reduced_grads(self.engine),
+                        self.engine.allreduce_gradients)
                 self.engine.step()
             except RuntimeError as e:
                 if not is_oom(e):

@@ -112,11 +112,18 @@ def measure(noise: NoiseScale, grads: Callable[[], list[torch.Tensor]],
     averaged gradient's norm; added to ``noise``. Returns the seconds the extra work took (the
     all-reduce itself is training's)."""
     t = time.perf_counter()
-    small = torch.tensor(squared_norm(grads()), dtype=torch.float64)
+    own = squared_norm(grads())
     extra = time.perf_counter() - t
     all_reduce()
+    return extra + record(noise, own, grads())
+
+
+def record(noise: NoiseScale, own_sq: float, averaged: list[torch.Tensor]) -> float:
+    """This rank's squared gradient norm ``own_sq``, taken before the all-reduce, and the
+    ``averaged`` gradients after it: the ranks' mean of the first and the norm of the second,
+    added to ``noise``. Returns the seconds that took."""
     t = time.perf_counter()
+    small = torch.tensor(own_sq, dtype=torch.float64)
     dist.all_reduce(small)
-    big = squared_norm(grads())
-    noise.add(float(small) / noise.world, big)
-    return extra + time.perf_counter() - t
+    noise.add(float(small) / noise.world, squared_norm(averaged))
+    return time.perf_counter() - t
