@@ -16,9 +16,11 @@ over about 20) before the ratio is taken, since either can be negative for a sin
 In bf16 training (ZeRO stage 0: DeepSpeed's bf16 data-parallel optimizer, whose gradients stay
 in the parameters and are all-reduced there) the norms are taken in fp32.
 
-The measurement is one more pass over the gradients on each rank and a scalar all-reduce; it
-is taken every ``every`` steps, chosen from its measured cost so that it stays within
-``budget`` (2%) of the training time.
+The measurement is one more pass over the gradients on each rank and a scalar all-reduce
+(fp32 on several ranks: this rank's norm is taken bucket by bucket as the trainer's flat buffer
+starts each bucket's all-reduce, ``trainers._grads``, then ``record``; otherwise around
+DeepSpeed's held-back all-reduce, ``measure``); it is taken every ``every`` steps, chosen
+from its measured cost so that it stays within ``budget`` (2%) of the training time.
 """
 
 from __future__ import annotations
