@@ -25,9 +25,10 @@ start leaves the medians as they are (a median study finds the goal within its f
 trials) and adds to the means in the replay, where refining a good configuration returns its
 recorded curve again; in a real study it tunes near the best.
 
-Once three trials have measured their gradient noise scale (the trainer's ``noise_scale``,
+Once three trials that trained to the end (reached the target, or trained their whole
+schedule) have measured their gradient noise scale (the trainer's ``noise_scale``,
 :mod:`trainers.noise`), spread points keep their global batch within ``BATCH_FACTOR`` (8) x the
-largest one measured (``batch_cap``): beyond it a batch buys almost no fewer steps for its
+largest of those (``batch_cap``): beyond it a batch buys almost no fewer steps for its
 images. TPE's proposals are held to the same cap (a batch above it becomes the largest one
 within it); a space without ``global_batch``, or a study whose trainers measure nothing (one
 rank), is never capped.
@@ -71,10 +72,16 @@ NOISE_TRIALS = 3    # trials that measured a noise scale before the cap applies
 
 
 def batch_cap(trials: Sequence[FrozenTrial]) -> float | None:
-    """The largest global batch worth proposing: ``BATCH_FACTOR`` x the largest noise scale the
-    study's trials measured, once ``NOISE_TRIALS`` have (None before: no cap)."""
+    """The largest global batch worth proposing: ``BATCH_FACTOR`` x the largest noise scale
+    measured by the study's trials that trained to the end (reached the target, or trained
+    their whole planned schedule), once ``NOISE_TRIALS`` have (None before: no cap). A trial
+    stopped early measured the noise scale of early training, which grows as training goes on
+    (several fold on ImageNet), so it would cap the batches that pay near the target."""
     measured = []
     for t in trials:
+        if not (t.user_attrs.get(record.OUTCOME) == "reached"
+                or t.user_attrs.get(record.STOP_REASON) == "planned_epochs"):
+            continue
         value = t.user_attrs.get(record.NOISE_SCALE)
         if isinstance(value, int | float) and math.isfinite(value) and value > 0:
             measured.append(float(value))

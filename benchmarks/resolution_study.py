@@ -10,10 +10,10 @@ start is the quickstart's, ramping from 24 px over the first half). Per study: t
 found, the compute (summed trial elapsed seconds, setup included) until a trial first reached
 the target, and the trials until then.
 
-The noise-scale cap (``autotune.samplers.batch_cap``: once three trials measured the gradient
-noise scale, spread points keep the global batch within 8 x the largest): per study, the
-largest measured noise scale, the cap, and the reaching trials whose global batch lies above
-it, which are the good configurations the cap would have cost.
+The noise-scale cap (``autotune.samplers.batch_cap``: once three trials that trained to the end
+measured the gradient noise scale, proposals keep the global batch within 8 x the largest of
+those): per study, the largest measured noise scale, the cap, and the reaching trials whose
+global batch lies above it, which are the good configurations the cap would have cost.
 
 Last line: ``res_best_tta_s=X base_best_tta_s=Y ratio=Y/X capped_good=N`` (medians over
 seeds; ratio above 1: the schedule found a faster configuration).

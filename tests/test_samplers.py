@@ -229,7 +229,7 @@ def _batch_study(noise_scales: list[float],
     for i, scale in enumerate(noise_scales):
         trial = optuna.trial.create_trial(
             params={"global_batch": 16, "lr": 0.01 * (i + 1)}, distributions=space,
-            value=float(i + 1), user_attrs={"noise_scale": scale})
+            value=float(i + 1), user_attrs={"noise_scale": scale, "outcome": "reached"})
         study.add_trial(trial)
     return study
 
@@ -278,3 +278,21 @@ def test_tpes_proposals_are_held_to_the_noise_scale_cap_too():
     assert within_cap("global_batch", 48, IntDistribution(16, 1024), 100.0) == 48
     assert within_cap("lr", 5.0, FloatDistribution(0.01, 10.0), 1.0) == 5.0
     assert within_cap("global_batch", 512, CategoricalDistribution([256, 512]), 100.0) == 256
+
+
+def test_only_trials_that_trained_to_the_end_set_the_cap():
+    """A trial stopped early measured early training's noise scale, which grows later."""
+    from autotune.samplers import batch_cap
+
+    def trial(scale: float, **attrs: str) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(
+            params={"lr": 0.1}, distributions={"lr": FloatDistribution(0.01, 1.0)}, value=1.0,
+            user_attrs={"noise_scale": scale, **attrs})
+
+    early = [trial(5.0, outcome="censored", stop_reason="projection") for _ in range(3)]
+    assert batch_cap(early) is None
+    ended = [trial(4.0, outcome="reached", stop_reason="reached"),
+             trial(6.0, outcome="censored", stop_reason="planned_epochs"),
+             trial(3.0, outcome="reached", stop_reason="reached")]
+    assert batch_cap(early + ended) == 48.0          # 8 x 6, the stopped trials' 5s left out
+    assert batch_cap([*early, *ended[:2]]) is None   # two that trained to the end: no cap yet
