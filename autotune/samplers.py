@@ -75,8 +75,8 @@ def batch_cap(trials: Sequence[FrozenTrial]) -> float | None:
     """The largest global batch worth proposing: ``BATCH_FACTOR`` x the largest noise scale
     measured by the study's trials that trained to the end (reached the target, or trained
     their whole planned schedule), once ``NOISE_TRIALS`` have (None before: no cap). A trial
-    stopped early measured the noise scale of early training, which grows as training goes on
-    (several fold on ImageNet), so it would cap the batches that pay near the target."""
+    stopped early measured the noise scale of early training, which grows as the loss falls
+    (McCandlish et al. 2018), so it would cap the batches that pay near the target."""
     measured = []
     for t in trials:
         if not (t.user_attrs.get(record.OUTCOME) == "reached"
