@@ -253,9 +253,9 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        value = self._for(study, trial).sample_independent(study, trial, param_name,
-                                                           param_distribution)
-        if param_name != "global_batch":
+        sampler = self._for(study, trial)
+        value = sampler.sample_independent(study, trial, param_name, param_distribution)
+        if sampler is not self._tpe or param_name != "global_batch":   # spread caps itself
             return value
         return within_cap(param_name, value, param_distribution, _study_cap(study, trial))
 
