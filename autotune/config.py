@@ -7,6 +7,7 @@ nothing, so a bad file leaves no trace.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import tomllib
@@ -221,6 +222,27 @@ def database_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg2://" + url[len(prefix):]
     return url
+
+
+def sqlite_wal(url: str) -> None:
+    """Puts the SQLite file behind ``url`` (if that is what it is) in write-ahead-log mode, as
+    the file remembers: readers no longer hold off writers, so a worker's heartbeat is not
+    kept waiting while another process reads a large study. Left as it is where the file
+    cannot be switched now (another process writing) or its filesystem has no shared memory
+    (the rollback journal still works there, only with more waiting)."""
+    import sqlite3
+
+    db = database_url(url)
+    if not db.startswith("sqlite:///") or db == "sqlite:///:memory:":
+        return
+    path = Path(db.removeprefix("sqlite:///"))
+    if not path.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=5)) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error:
+        pass
 
 
 def validate_storage_url(url: str, where: str) -> None:

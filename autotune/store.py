@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ._channel import STATES_KEY, Address, is_server_url, open_channel, parse_address, refused
-from .config import database_url, redact
+from .config import database_url, redact, sqlite_wal
 from .errors import ConfigError
 
 __all__ = ["open_storage"]
@@ -83,6 +83,7 @@ def open_storage(url: str, create: bool = True) -> Any:
     except Exception as e:
         first = " ".join(str(e).split())[:200]
         raise ConfigError(f"cannot open storage {redact(url)!r}: {redact(first)}") from e
+    sqlite_wal(url)
     return RetryingStorage(rdb, f"the study database {redact(url)}")  # type: ignore[abstract]
 
 

@@ -220,3 +220,29 @@ def test_the_server_control_loop_says_when_it_ran_late_and_gives_no_one_up_then(
     assert study.trials[trial.number].state.name == "FAIL"
     assert any("worker w1 is lost" in line for line in said), said
     registry.close()
+
+
+def test_a_heartbeat_is_not_held_up_by_a_long_read_of_the_study_database(tmp_path):
+    """The default SQLite store keeps a write-ahead log: a worker's heartbeat commits while
+    another process is in the middle of reading the study (in the rollback journal a reader
+    holds off every commit until it is done)."""
+    import sqlite3
+
+    from autotune.store import open_storage
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    open_storage(url)
+    optuna.create_study(study_name="s", storage=url)
+    registry = Registry(url)
+    registry.register(name="w1", study="s", host="h", pid=1)
+    reader = sqlite3.connect(tmp_path / "study.db", timeout=0.5)
+    try:
+        assert reader.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        reader.execute("BEGIN")
+        reader.execute("SELECT * FROM trials").fetchall()   # a read transaction, left open
+        start = time.monotonic()
+        assert registry.heartbeat(name="w1") == {"status": "running"}
+        assert time.monotonic() - start < 5
+    finally:
+        reader.close()
+        registry.close()

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, select, update
 from sqlalchemy.orm import Session
 
-from ..config import database_url, redact
+from ..config import database_url, redact, sqlite_wal
 from ..errors import ConfigError
 from ._models import TrialAttempt, Worker
 
@@ -57,6 +57,7 @@ class Registry:
     def __init__(self, url: str, create: bool = True) -> None:
         if create:
             ensure_tables(url)
+        sqlite_wal(url)
         self.url = url
         self.engine: Engine = create_engine(database_url(url), pool_pre_ping=True,
                                             **_pool_options(url))
