@@ -149,7 +149,7 @@ for step in range(3):
     flat.attach()
     if step > 0:      # buckets reduced as backward fills them, this rank's norm taken first
         flat.arm(measure=True)
-    ours.backward(torch.nn.functional.cross_entropy(ours(x), y))
+    ours.backward(torch.nn.functional.cross_entropy(ours(x), y) * flat.scale)
     in_buffer = first.grad is flat.views[0]
     if step > 0:
         own = flat.finish()
@@ -223,18 +223,45 @@ def test_the_flat_buffer_reduces_and_steps_as_deepspeeds_own_all_reduce(two_rank
                         "moved": True}, line
 
 
-def test_each_gradient_is_a_view_with_its_parameters_layout():
+def test_each_gradient_is_a_view_with_its_parameters_layout(tmp_path):
+    """Backward's gradients land in views of one buffer with the parameters' strides; a new
+    step starts afresh (no zeroing pass, yet nothing of the last step is left), and a
+    parameter the step did not use is reduced as zero."""
+    import torch.distributed as dist
+
     from trainers._grads import FlatGrads
 
     conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
     linear = torch.nn.Linear(4, 2)
+    unused = torch.nn.Linear(2, 2)
     frozen = torch.nn.Parameter(torch.ones(3), requires_grad=False)
-    flat = FlatGrads([*conv.parameters(), *linear.parameters(), frozen], world=2)
-    flat.attach()
-    assert [p.grad is v for p, v in zip(flat.params, flat.views, strict=True)] == [True] * 4
-    assert frozen.grad is None and len(flat.buffers) == 1
+    params = [*conv.parameters(), *linear.parameters(), *unused.parameters(), frozen]
+    flat = FlatGrads(params, world=1)
+    assert len(flat.params) == 6 and len(flat.buffers) == 1
     assert flat.buffers[0].numel() == sum(p.numel() for p in flat.params)
+
+    def loss(x):
+        return linear(conv(x).mean((2, 3))).square().sum()
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        for _ in range(2):   # the second step: nothing of the first is left
+            x = torch.randn(2, 3, 5, 5).to(memory_format=torch.channels_last)
+            flat.attach()
+            assert all(p.grad is None for p in flat.params)
+            flat.buffers[0].fill_(7.0)          # whatever the last step left
+            flat.arm()
+            loss(x).backward()
+            assert flat.finish() is None
+            assert [p.grad is v for p, v in zip(flat.params, flat.views, strict=True)] == \
+                [True] * 6
+            expected = torch.autograd.grad(loss(x), [*conv.parameters(),
+                                                     *linear.parameters()])
+            for p, g in zip([*conv.parameters(), *linear.parameters()], expected, strict=True):
+                assert torch.allclose(p.grad, g, rtol=1e-6, atol=1e-7)
+            assert all(float(p.grad.abs().sum()) == 0.0 for p in unused.parameters())
+    finally:
+        dist.destroy_process_group()
+    assert frozen.grad is None
     assert conv.weight.grad.stride() == conv.weight.stride() != torch.empty(4, 3, 3, 3).stride()
-    flat.buffers[0].fill_(1.0)
-    flat.attach()          # the next step starts from zero
-    assert all(float(p.grad.abs().sum()) == 0.0 for p in flat.params)

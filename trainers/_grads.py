@@ -5,11 +5,13 @@ every gradient into a flat bucket, all-reduces it and copies the result back: tw
 over the model's gradients each step, and none of the reduction hidden behind backward.
 ``FlatGrads`` does what PyTorch's DDP does (``gradient_as_bucket_view``): the parameters'
 gradients are views of one buffer a dtype, laid out in the reverse of the parameters' order
-(about the order backward produces them) and cut into buckets of ``bucket_mb``; backward
-accumulates straight into the buffer, and on an armed backward (a step's last micro-batch)
-each bucket's all-reduce starts, in place and asynchronously, as soon as its last gradient is
-in, in bucket order on every rank. ``finish`` waits for them and scales by one over the
-ranks: DeepSpeed's result.
+(about the order backward produces them) and cut into buckets of ``bucket_mb``. A step starts
+with no gradients; a parameter's first gradient of the step is copied into its view (one pass,
+where zeroing the buffer and adding into it took three), and later micro-batches accumulate in
+place. On an armed backward (a step's last micro-batch) each bucket's all-reduce starts, in
+place and asynchronously, as soon as its last gradient is in, in bucket order on every rank.
+The caller scales its loss by ``scale`` (one over the ranks), so that the reduced sum is the
+ranks' mean with no pass over the buffer to divide it: DeepSpeed's result.
 
 On a step that measures the gradient noise scale, each bucket's squared norm (this rank's own
 gradient) is taken just before its all-reduce starts (``trainers.noise``).
@@ -55,6 +57,8 @@ class FlatGrads:
         self._bucket_of: dict[int, int] = {}
         self.armed = self.measuring = False
         self._next = 0           # the next bucket to start, in order
+        self._fresh: set[int] = set()   # parameters with no gradient yet this step
+        self.scale = 1.0 / self.world   # the loss's factor: the reduced sum is the mean
         self.norm_s = 0.0        # seconds the armed backward spent on squared norms
         views: dict[int, torch.Tensor] = {}
         by_kind: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
@@ -76,6 +80,7 @@ class FlatGrads:
                     start, members = offset, []
             self.buffers.append(buffer)
         self.views = [views[id(p)] for p in self.params]
+        self._index = {id(p): i for i, p in enumerate(self.params)}
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._ready)
 
@@ -87,11 +92,11 @@ class FlatGrads:
                     or engine.zero_optimization_stage() > 0)
 
     def attach(self) -> None:
-        """Before a step's first backward: every gradient zero, in the buffer."""
-        for buffer in self.buffers:
-            buffer.zero_()
-        for p, view in zip(self.params, self.views, strict=True):
-            p.grad = view
+        """Before a step's first backward: no gradients yet; each one backward produces is
+        copied into its view (a parameter the step does not use gets zero at ``finish``)."""
+        for p in self.params:
+            p.grad = None
+        self._fresh = {id(p) for p in self.params}
 
     def grads(self) -> list[torch.Tensor]:
         return self.views
@@ -104,6 +109,12 @@ class FlatGrads:
             bucket.pending, bucket.work, bucket.norms = bucket.size, None, []
 
     def _ready(self, p: torch.Tensor) -> None:
+        if id(p) in self._fresh:     # the step's first gradient: into the buffer
+            self._fresh.discard(id(p))
+            view = self.views[self._index[id(p)]]
+            if p.grad is not None and p.grad is not view:
+                view.copy_(p.grad)
+                p.grad = view
         if not self.armed:
             return
         self.buckets[self._bucket_of[id(p)]].pending -= 1
@@ -127,18 +138,22 @@ class FlatGrads:
         self.finish()
 
     def finish(self) -> float | None:
-        """After the armed backward: every bucket reduced (one whose gradients never all came,
-        such as a parameter the step did not use, now) and scaled to the ranks' mean. Returns
-        this rank's own squared gradient norm when measuring (None otherwise)."""
+        """After the armed backward: every bucket reduced (one holding a parameter the step did
+        not use, with zero for it, now), the ranks' mean when the loss was scaled by
+        ``scale``. Returns this rank's own squared gradient norm when measuring, unscaled
+        (None otherwise)."""
+        for p, view in zip(self.params, self.views, strict=True):
+            if id(p) in self._fresh:
+                view.zero_()
+                p.grad = view
+        self._fresh = set()
         for bucket in self.buckets[self._next:]:
             self._start(bucket)
         self._next = len(self.buckets)
         for bucket in self.buckets:
             bucket.work.wait()
             bucket.work = None
-        for buffer in self.buffers:
-            buffer.mul_(1.0 / self.world)
         self.armed = False
         if not self.measuring:
             return None
-        return float(sum(n for b in self.buckets for n in b.norms))
+        return float(sum(n for b in self.buckets for n in b.norms)) / self.scale**2

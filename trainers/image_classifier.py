@@ -130,7 +130,7 @@ class Trainer:
         step, flat = self.trial.step, self.flat
         for micro_step in range(self.plan["grad_accum"]):
             if flat is not None and micro_step == 0:
-                flat.attach()   # the engine's last step set every gradient to None
+                flat.attach()   # no gradients: backward's first ones go into the buffer
             x, y = self._to_device(*next(batches))
             try:
                 with self._autocast():
@@ -151,7 +151,8 @@ class Trainer:
                     flat.arm(measure)
                 elif measure:   # DeepSpeed's all-reduce waits for this rank's own norm
                     self.engine.enable_backward_allreduce = False
-                self.engine.backward(loss)
+                # the flat buffer's all-reduce sums: the loss carries the 1/ranks
+                self.engine.backward(loss if flat is None else loss * flat.scale)
                 if flat is not None and last:
                     own = flat.finish()
                     if scale is not None and own is not None:
