@@ -167,6 +167,7 @@ open(f"flat{rank}.json", "w").write(json.dumps({
     "usable": FlatGrads.usable(ours), "bf16_usable": FlatGrads.usable(engine),
     "buckets": len(flat.buckets) > 1, "own": own_norms,
     "grads": same_grads, "params": same_params, "moved": not torch.allclose(first, start)}))
+dist.destroy_process_group()   # left to the interpreter's teardown, gloo can abort the rank
 '''
 
 

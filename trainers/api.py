@@ -48,6 +48,7 @@ package.
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import math
@@ -125,10 +126,21 @@ def trial(argv: list[str] | None = None) -> Trial:
     return Trial(plan, connect(args.report_to) if rank == 0 else connect(None))
 
 
+def _close_gloo_group() -> None:
+    """At exit, while the interpreter is whole: a gloo group left open to the interpreter's
+    teardown can abort the process (``terminate called without an active exception``, exit
+    -6) after the trial ended well. NCCL groups are left alone: destroying one while a peer
+    is gone can hang."""
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
+
+
 def _open_process_group(device: str) -> None:
     if dist.is_initialized():
         return
     backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "gloo":
+        atexit.register(_close_gloo_group)
     if "MASTER_ADDR" in os.environ:         # started by a launcher
         dist.init_process_group(backend)
         return
