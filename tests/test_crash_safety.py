@@ -33,7 +33,7 @@ def study_file(tmp_path, **extra):
         "trainer": {"model": "resnet18", "data": {"kind": "digits", "image_size": 32},
                     "eval_every_s": 2.0, "checkpoint_every_s": 3.0},
         "target": {"metric": "top1", "value": 0.97},
-        "budget": {"n_trials": 4, "max_trial_s": 40, "timeout_s": 900},
+        "budget": {"n_trials": 4, "max_trial_s": 30, "timeout_s": 900},
         "ranks_per_trial": 1, "tracking_uri": str(tmp_path / "mlruns"), "seed": 5,
         # Trials run on past the first TTA (up to 3 x it), so some trial is still running with
         # a checkpoint and a few evaluations when the test looks for one to kill, however fast

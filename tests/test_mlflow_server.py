@@ -29,7 +29,7 @@ def test_a_study_survives_mlflow_going_down_and_loses_no_record(mlflow_server, t
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study_proc = Background(
         [sys.executable, "-m", "autotune", "start", "study", "quickstart", "--n-trials", "3",
-         "--max-trial-seconds", "60", "--storage", storage,
+         "--max-trial-seconds", "30", "--storage", storage,
          "--tracking-uri", mlflow_server.url],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     # MLflow goes down while the first trial trains, and stays down for a minute.
@@ -55,7 +55,7 @@ def test_a_study_survives_mlflow_going_down_and_loses_no_record(mlflow_server, t
     for key in ("trials_reached", "trials_censored", "trials_failed", "compute_s"):
         assert key in parent.data.metrics
     # The best trial's configuration, whichever trial it is, is tagged on the parent run (on a
-    # machine far below its usual speed no trial may reach 97% top-1 within its 60 s).
+    # machine far below its usual speed no trial may reach 97% top-1 within its 30 s).
     reached = [t for t in study.trials if t.user_attrs.get("outcome") == "reached"]
     if reached:
         best = min(reached, key=lambda t: t.value)
