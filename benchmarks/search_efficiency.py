@@ -327,10 +327,25 @@ def _value_range(instance: str) -> tuple[float, float]:
     return found["min"], found["max"]
 
 
+def sh_budgets(low: int, high: int, eta: int) -> list[int]:
+    """The successive-halving budgets from ``low`` to ``high`` epochs, eta apart, rounded to
+    whole epochs, as YAHPO Gym's own Optuna runs compute them (1-52 epochs, eta 3: 2, 6, 17,
+    52)."""
+    levels = -int(math.log(low / high) / math.log(eta)) + 1
+    return [int(round(high * eta ** -(levels - 1 - i))) for i in range(levels)]
+
+
 def _paper_run(job: tuple[str, str, int]) -> tuple[float, float]:
     """One run of a method under the paper's protocol: the normalized regret after
     ``PAPER_BUDGET`` epochs of its best full-length configuration, and of the best
-    validation accuracy it saw at any epoch (pruned trials included)."""
+    validation accuracy it saw at any epoch (pruned trials included).
+
+    Random search and Hyperband train a configuration epoch by epoch (Hyperband reporting
+    every epoch to Optuna's HyperbandPruner). TPE + MedianPruner is set up as the paper's
+    authors ran it (YAHPO Gym's Optuna benchmark script): TPESampler(n_startup_trials=5),
+    MedianPruner(n_startup_trials=5, n_warmup_steps=0), a configuration evaluated afresh at
+    each successive-halving budget (``sh_budgets``), each evaluation costing its epochs,
+    reported at step = the budget's index and pruned there."""
     instance, method, seed = job
     table = table_of(f"yahpo-lcbench:{instance}", None)
     sampler: optuna.samplers.BaseSampler = optuna.samplers.RandomSampler(seed=seed)
@@ -339,20 +354,27 @@ def _paper_run(job: tuple[str, str, int]) -> tuple[float, float]:
         pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=52,
                                                 reduction_factor=3)
     elif method == "tpe_median":
-        sampler = optuna.samplers.TPESampler(seed=seed)
-        pruner = optuna.pruners.MedianPruner()
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
     study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
     spent = 0
     while spent < PAPER_BUDGET:
         trial = study.ask()
         run = table.train(table.propose(trial))
-        for epoch, value in enumerate(run.values, start=1):
-            spent += 1
-            trial.report(value, epoch)
-            if spent >= PAPER_BUDGET and epoch < len(run.values):
+        epochs = len(run.values)
+        if method == "tpe_median":
+            steps = list(enumerate(sh_budgets(1, epochs, 3)))
+        else:
+            steps = [(e, 1) for e in range(1, epochs + 1)]
+        for step, cost in steps:
+            value = run.values[(cost if method == "tpe_median" else step) - 1]
+            spent += cost
+            trial.report(value, step)
+            last = step == steps[-1][0]
+            if spent >= PAPER_BUDGET and not last:
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)   # cut by the budget
                 break
-            if epoch < len(run.values) and trial.should_prune():
+            if not last and trial.should_prune():
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 break
         else:

@@ -156,3 +156,10 @@ def test_a_method_that_misses_in_half_its_studies_has_no_finite_median():
     assert se._ratio(inf, inf) == 1.0 and se._ratio(30.0, 10.0) == 3.0
     import statistics
     assert statistics.median([1.0, inf, inf]) == inf      # what compare's medians rest on
+
+
+def test_the_paper_protocols_budgets_are_the_successive_halving_levels():
+    # YAHPO Gym's own Optuna runs evaluate LCBench's 1-52 epochs at 2, 6, 17 and 52
+    assert se.sh_budgets(1, 52, 3) == [2, 6, 17, 52]
+    assert se.sh_budgets(1, 81, 3) == [1, 3, 9, 27, 81]
+    assert se.sh_budgets(1, 1, 3) == [1]
