@@ -70,6 +70,7 @@ from autotune.replay import (  # noqa: E402
     Table,
     TableError,
     load_table,
+    sh_budgets,
 )
 from autotune.space import InfeasiblePoint, SearchSpace, load_space  # noqa: E402
 
@@ -325,14 +326,6 @@ def _value_range(instance: str) -> tuple[float, float]:
                                                                      "val_accuracy"):
                 found[row["statistic"]] = float(row["value"]) / 100
     return found["min"], found["max"]
-
-
-def sh_budgets(low: int, high: int, eta: int) -> list[int]:
-    """The successive-halving budgets from ``low`` to ``high`` epochs, eta apart, rounded to
-    whole epochs, as YAHPO Gym's own Optuna runs compute them (1-52 epochs, eta 3: 2, 6, 17,
-    52)."""
-    levels = -int(math.log(low / high) / math.log(eta)) + 1
-    return [int(round(high * eta ** -(levels - 1 - i))) for i in range(levels)]
 
 
 def _paper_run(job: tuple[str, str, int]) -> tuple[float, float]:

@@ -160,6 +160,25 @@ def test_a_method_that_misses_in_half_its_studies_has_no_finite_median():
 
 def test_the_paper_protocols_budgets_are_the_successive_halving_levels():
     # YAHPO Gym's own Optuna runs evaluate LCBench's 1-52 epochs at 2, 6, 17 and 52
-    assert se.sh_budgets(1, 52, 3) == [2, 6, 17, 52]
-    assert se.sh_budgets(1, 81, 3) == [1, 3, 9, 27, 81]
-    assert se.sh_budgets(1, 1, 3) == [1]
+    from autotune.replay import sh_budgets
+
+    assert sh_budgets(1, 52, 3) == [2, 6, 17, 52]
+    assert sh_budgets(1, 81, 3) == [1, 3, 9, 27, 81]
+    assert sh_budgets(1, 1, 3) == [1]
+
+
+def test_the_yahpo_authors_median_pruner_sees_only_the_successive_halving_epochs(tmp_path):
+    # Four epochs planned, the table's longest: successive halving (eta 3) reports at epochs
+    # 1 and 4 only, as steps 0 and 1, whatever the evaluation pace.
+    curve = [[2.0 * k, 0.2 + 0.05 * k, 0.5, k / 8, 1.0] for k in range(1, 9)]
+    rows = [{"params": {**c, "decay": "cosine"}, "curve": curve, "reached_at": None,
+             "end_reason": "planned_epochs", "elapsed_s": 16.0, "overhead_s": 1.0,
+             "epochs": 4} for c in CONFIGS]
+    rows[0]["curve"] = [[16.0, 0.98, 1.0, 1.0, 0.1]]
+    table = load_table(_table_file(tmp_path, rows))
+    replay = Replay(table, "tpe_median_sh", seed=0)
+    replay.study.enqueue_trial(CONFIGS[1] | {"decay": "cosine"})
+    replay.one_trial()
+    frozen = replay.study.trials[-1]
+    assert frozen.intermediate_values == {0: pytest.approx(1 - curve[1][1]),
+                                          1: pytest.approx(1 - curve[7][1])}

@@ -7,8 +7,8 @@ seed, workers).run()`` replays one study of a method on it. autotune's method ma
 decisions through ``autotune.decisions``, the same pieces a worker calls.
 """
 
-from ._sim import METHODS, Outcome, Replay, WallClockASHA
+from ._sim import METHODS, Outcome, Replay, WallClockASHA, sh_budgets
 from ._tables import Run, Table, TableError, load_table
 
 __all__ = ["METHODS", "Outcome", "Replay", "Run", "Table", "TableError", "WallClockASHA",
-           "load_table"]
+           "load_table", "sh_budgets"]

@@ -12,9 +12,10 @@ real study, when a worker asks for its next trial.
 
 The baselines are set up as their users would set them up (BENCHMARKS.md says how): Optuna's
 pruners report once an epoch (at the first evaluation after an epoch ends) and prune through
-``trial.should_prune()``; wall-clock ASHA is Ray Tune's asynchronous successive halving with
-``time_attr`` the elapsed seconds. Every method stops a trial once it reaches the target (a
-time-to-accuracy study has nothing to gain from training on).
+``trial.should_prune()`` (``tpe_median_sh``: only at the successive-halving epochs, as the
+YAHPO Gym authors ran TPE + MedianPruner); wall-clock ASHA is Ray Tune's asynchronous
+successive halving with ``time_attr`` the elapsed seconds. Every method stops a trial once
+it reaches the target (a time-to-accuracy study has nothing to gain from training on).
 """
 
 from __future__ import annotations
@@ -44,12 +45,20 @@ from ..samplers import ExploringTPESampler
 from ..space import InfeasiblePoint
 from ._tables import Run, Table
 
-__all__ = ["METHODS", "Outcome", "Replay", "WallClockASHA"]
+__all__ = ["METHODS", "Outcome", "Replay", "WallClockASHA", "sh_budgets"]
 
 ETA = 3     # the reduction factor every successive-halving baseline uses, as autotune's rungs
 
-METHODS = ("autotune", "random", "tpe_median", "tpe_sha", "tpe_hyperband", "random_asha",
-           "asha_wallclock", "dehb", "tpe_nopruning")
+METHODS = ("autotune", "random", "tpe_median", "tpe_median_sh", "tpe_sha", "tpe_hyperband",
+           "random_asha", "asha_wallclock", "dehb", "tpe_nopruning")
+
+
+def sh_budgets(low: float, high: float, eta: float = ETA) -> list[int]:
+    """The successive-halving budgets from ``low`` to ``high`` epochs, eta apart, rounded to
+    whole epochs, as YAHPO Gym's own Optuna runs compute them (1-52 epochs, eta 3: 2, 6, 17,
+    52)."""
+    levels = -int(math.log(low / high) / math.log(eta)) + 1
+    return [int(round(high * eta ** -(levels - 1 - i))) for i in range(levels)]
 
 
 class WallClockASHA:
@@ -183,6 +192,8 @@ class Replay:
         self.study = optuna.create_study(direction="minimize", sampler=self._sampler(seed),
                                          pruner=self.pruner)
         self.asha = WallClockASHA() if method == "asha_wallclock" else None
+        self.sh_steps = (sh_budgets(1, max(r.planned_epochs for r in table.runs))
+                         if method == "tpe_median_sh" else None)
         self.dehb = _DEHB(table, seed, self.penalty) if method == "dehb" else None
         self.found_at: dict[float, float] = {}
         self.best_in_budget = math.inf
@@ -203,6 +214,8 @@ class Replay:
             return TimeToAccuracyPruner(t.target, metric=t.metric, num_classes=t.num_classes)
         if self.method == "tpe_median":
             return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
+        if self.method == "tpe_median_sh":
+            return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
         if self.method == "tpe_sha":
             return optuna.pruners.SuccessiveHalvingPruner()
         if self.method == "random_asha":
@@ -339,6 +352,11 @@ class Replay:
         if done <= s.reported_epoch:
             return False            # Optuna's pruners see one report an epoch, at its end
         s.reported_epoch = done
+        if self.sh_steps is not None:   # reports only at the successive-halving epochs
+            if done not in self.sh_steps:
+                return False
+            s.trial.report(1.0 - value, step=self.sh_steps.index(done))
+            return s.trial.should_prune()
         s.trial.report(1.0 - value, step=done - 1)
         return s.trial.should_prune()
 
