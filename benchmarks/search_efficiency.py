@@ -382,6 +382,14 @@ def _paper_run(job: tuple[str, str, int]) -> tuple[float, float]:
 
 def paper(instances: list[str], seeds: int, jobs: int) -> None:
     """The baselines under the YAHPO Gym paper's protocol, beside its published regrets."""
+    for instance in instances:   # a bad instance is refused here, not in the pool's workers
+        table_of(f"yahpo-lcbench:{instance}", None)
+        try:
+            _value_range(instance)
+        except (OSError, KeyError):
+            raise SystemExit(f"no val_accuracy statistics for LCBench instance {instance!r} "
+                             f"in {YAHPO_DATA / 'global_statistics'}; the paper's regret "
+                             "needs them") from None
     print(f"YAHPO Gym LCBench, the paper's protocol: best val_accuracy of a full-length "
           f"configuration within {PAPER_BUDGET} epochs, {seeds} seeds; normalized regret "
           "(max - incumbent) / (max - min), the instance's global statistics")

@@ -182,3 +182,16 @@ def test_the_yahpo_authors_median_pruner_sees_only_the_successive_halving_epochs
     frozen = replay.study.trials[-1]
     assert frozen.intermediate_values == {0: pytest.approx(1 - curve[1][1]),
                                           1: pytest.approx(1 - curve[7][1])}
+
+
+def test_paper_refuses_an_unknown_instance_at_once(tmp_path):
+    # refused in the main process, before the pool (whose workers would die and hang it)
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(_PATH), "paper", "--instances", "12",
+                           "--seeds", "2", "--jobs", "2"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "'12'" in lines[0] or "yahpo" in lines[0].lower()   # the instance, or no surrogate
