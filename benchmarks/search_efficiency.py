@@ -355,14 +355,14 @@ def _paper_run(job: tuple[str, str, int]) -> tuple[float, float]:
         trial = study.ask()
         run = table.train(table.propose(trial))
         epochs = len(run.values)
+        # (step reported, epoch whose accuracy it reports, epochs it costs)
         if method == "tpe_median":
-            steps = list(enumerate(sh_budgets(1, epochs, 3)))
+            steps = [(i, b, b) for i, b in enumerate(sh_budgets(1, epochs, 3))]
         else:
-            steps = [(e, 1) for e in range(1, epochs + 1)]
-        for step, cost in steps:
-            value = run.values[(cost if method == "tpe_median" else step) - 1]
+            steps = [(e, e, 1) for e in range(1, epochs + 1)]
+        for step, epoch, cost in steps:
             spent += cost
-            trial.report(value, step)
+            trial.report(run.values[epoch - 1], step)
             last = step == steps[-1][0]
             if spent >= PAPER_BUDGET and not last:
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)   # cut by the budget
