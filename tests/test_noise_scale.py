@@ -83,6 +83,7 @@ def test_a_two_rank_trial_reports_its_image_sizes_and_noise_scale_at_each_evalua
 
 _RANK = '''
 import json, os, sys
+from pathlib import Path
 import deepspeed, torch, torch.distributed as dist
 from trainers import noise
 
@@ -113,7 +114,7 @@ big = sum(float(g.double().pow(2).sum()) for g in averaged)   # as reduced, in b
 b, B = 8, 8 * world
 # a file per rank: the ranks' stdout lines can interleave in the launcher's
 dtype = str(next(engine.module.parameters()).dtype)
-open(f"rank{rank}.json", "w").write(json.dumps({"rank": rank, "dtype": dtype,
+Path(f"rank{rank}.json").write_text(json.dumps({"rank": rank, "dtype": dtype,
                   "averaged": all(torch.allclose(a, m, rtol=2e-2, atol=2e-3)
                                   for a, m in zip(averaged, mean)),
                   "g2": scale.g2, "g2_expected": (B * big - b * small) / (B - b),
@@ -163,11 +164,16 @@ for step in range(3):
     ours.step()
     same_params.append(all(torch.allclose(a, b, rtol=1e-6, atol=1e-7)
                            for a, b in zip(theirs.module.parameters(), ours.module.parameters())))
-open(f"flat{rank}.json", "w").write(json.dumps({
+Path(f"flat{rank}.json").write_text(json.dumps({
     "usable": FlatGrads.usable(ours), "bf16_usable": FlatGrads.usable(engine),
     "buckets": len(flat.buckets) > 1, "own": own_norms,
     "grads": same_grads, "params": same_params, "moved": not torch.allclose(first, start)}))
-dist.destroy_process_group()   # left to the interpreter's teardown, gloo can abort the rank
+# Leave as the trainer does (trainers/image_classifier.py): the results are written and closed,
+# and gloo's teardown at interpreter exit can abort a rank (-6, "terminate called without an
+# active exception") even after destroy_process_group.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 '''
 
 
