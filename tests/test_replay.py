@@ -60,7 +60,12 @@ def test_an_opda_file_becomes_a_table_of_runs(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("not json\n", "line 1, is not JSON"),
-    ('{"epochs": 3}\n', "lacks batch_size"),
+    ('{"epochs": 3}\n', "lacks learning_curve"),
+    ('{"epochs": 3, "lr": "fast", "learning_curve": []}\n', "lr must be a number"),
+    ('{"epochs": 0, "learning_curve": []}\n', "epochs must be a positive number"),
+    ('{"epochs": 3, "learning_curve": [{"time": 1.0, "top_1": "x"}]}\n',
+     "top_1 must be a number, null or NaN"),
+    ('{"epochs": 3, "learning_curve": [{"top_1": 0.5}]}\n', "needs time and top_1"),
     ("", "holds no runs"),
 ])
 def test_a_broken_opda_file_is_refused_with_what_is_wrong(tmp_path, content, message):
@@ -78,6 +83,39 @@ def test_an_opda_table_needs_a_target_that_some_run_reaches(tmp_path):
         _ = load_table(f"opda:{path}", 0.9).best_tta
     with pytest.raises(TableError, match="no table at"):
         load_table(f"opda:{tmp_path / 'missing.jsonl'}", 0.7)
+
+
+def test_an_opda_table_from_another_search_is_searched_over_what_it_holds(tmp_path):
+    """A table the project does not have: other ranges (5 to 300 epochs, lr down to 1e-4,
+    batch 64), no momentum or label smoothing searched, a run logged to NaN accuracy and one
+    to null. The space covers its runs, the run that went NaN ended there as diverged, and
+    autotune replays it unchanged."""
+    lines = []
+    for i, (epochs, batch, lr, epoch_s) in enumerate([(5, 64, 1e-4, 40.0), (300, 2048, 0.4, 9.0),
+                                                      (40, 256, 0.05, 20.0), (80, 64, 0.01, 30.0),
+                                                      (120, 2048, 3.0, 9.0)]):
+        line = _opda_line(i, epochs, batch, lr, [min(0.02 + 0.9 * (k + 1) / epochs, 0.9)
+                                                 for k in range(epochs)], epoch_s)
+        del line["momentum"], line["label_smoothing"]
+        lines.append(line)
+    lines[4]["learning_curve"][3]["top_1"] = float("nan")     # blew up at its fourth epoch
+    lines[3]["learning_curve"][10]["top_1"] = None
+    lines[0]["extra"] = "ignored"
+    path = tmp_path / "other.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))   # NaN as JSON allows
+    table = load_table(f"opda:{path}", 0.60)
+    assert set(table.space) == {"epochs", "batch_size", "lr", "lr_peak_share", "weight_decay"}
+    assert table.space["epochs"].low == 5 and table.space["epochs"].high == 300
+    assert table.space["lr"].low == pytest.approx(1e-4) and table.space["lr"].log
+    assert table.space["batch_size"].choices == (64, 256, 2048)
+    nan, null = table.runs[4], table.runs[3]
+    assert nan.end == "diverged" and len(nan.times) == 3
+    assert null.end == "diverged" and len(null.times) == 10
+    assert table.train({"epochs": 6, "batch_size": 64, "lr": 1.2e-4, "lr_peak_share": 0.2,
+                        "weight_decay": 5e-5}) is table.runs[0]
+    outcome = Replay(table, "autotune", seed=0, max_trials=12, min_compute_factor=0.0).run()
+    reasons = {reason for reason, _, _ in outcome.spent}
+    assert outcome.trials == 12 and "reached" in reasons and "diverged" in reasons
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -137,6 +137,7 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 # -- opda ---------------------------------------------------------------------------------------
 OPDA_SPACE: dict[str, BaseDistribution] = {
     # opda's ConvNeXt random search drew from these; a proposal trains as the nearest run.
+    # Another table's values widen a range (never narrow it); its batch sizes are the choices.
     "epochs": IntDistribution(20, 100),
     "batch_size": CategoricalDistribution([128, 256, 512, 1024]),
     "lr": FloatDistribution(5e-3, 5e1, log=True),
@@ -145,8 +146,16 @@ OPDA_SPACE: dict[str, BaseDistribution] = {
     "weight_decay": FloatDistribution(1e-6, 1e-3, log=True),
     "label_smoothing": FloatDistribution(0.0, 0.5),
 }
-_OPDA_KEYS = ("epochs", "batch_size", "lr", "lr_peak_epoch", "momentum", "weight_decay",
-              "label_smoothing", "learning_curve")
+_OPDA_NEEDED = ("epochs", "learning_curve")
+_OPDA_PARAMS = ("batch_size", "lr", "lr_peak_epoch", "momentum", "weight_decay",
+                "label_smoothing")
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float; None for null, NaN, infinity or anything not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _opda_run(row: dict[str, Any], metric: str, where: str) -> Run:
@@ -154,43 +163,93 @@ def _opda_run(row: dict[str, Any], metric: str, where: str) -> Run:
     if not isinstance(curve, list):
         raise TableError(f"{where}: learning_curve must be a list of evaluations")
     key = {"top1": "top_1", "top5": "top_5"}[metric]
-    try:
-        times = tuple(float(p["time"]) for p in curve)
-        values = tuple(float(p[key]) for p in curve)
-        done = tuple(float(p.get("epoch", i)) + 1 for i, p in enumerate(curve))
-        losses = tuple(p.get("train_loss") for p in curve)
-    except (KeyError, TypeError, ValueError) as e:
-        raise TableError(f"{where}: each learning_curve entry needs time and {key} "
-                         f"numbers ({e})") from None
+    times, values, done, losses = [], [], [], []
+    broke = False      # a metric of null or NaN: the run blew up there (its later entries too)
+    for i, p in enumerate(curve):
+        if not isinstance(p, dict) or _number(p.get("time")) is None or key not in p:
+            raise TableError(f"{where}: each learning_curve entry needs time and {key} "
+                             f"numbers (entry {i + 1} has {p!r:.80})")
+        value = _number(p[key])
+        if value is None:
+            if p[key] is not None and not (isinstance(p[key], float) and math.isnan(p[key])):
+                raise TableError(f"{where}: learning_curve entry {i + 1}: {key} must be a "
+                                 f"number, null or NaN, not {p[key]!r:.40}")
+            broke = True
+            break
+        epoch = _number(p.get("epoch"))
+        times.append(float(p["time"]))
+        values.append(value)
+        done.append((epoch if epoch is not None else i) + 1)
+        loss = p.get("train_loss")     # NaN kept: the pruner stops a trial whose loss is NaN
+        losses.append(float(loss) if isinstance(loss, int | float)
+                      and not isinstance(loss, bool) else None)
     if any(b < a for a, b in zip(times, times[1:], strict=False)):
         raise TableError(f"{where}: learning_curve times must not decrease")
     epochs = float(row["epochs"])
-    diverged = bool(row.get("nan_train_loss")) and len(curve) < epochs
-    return Run(times, values, done, epochs, "diverged" if diverged else "planned_epochs",
-               losses=tuple(float(x) if isinstance(x, int | float) else None for x in losses))
+    diverged = broke or (bool(row.get("nan_train_loss")) and len(times) < epochs)
+    return Run(tuple(times), tuple(values), tuple(done), epochs,
+               "diverged" if diverged else "planned_epochs", losses=tuple(losses))
+
+
+def _opda_point(row: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    point: dict[str, Any] = {}
+    for name in names:
+        if name == "lr_peak_share":
+            point[name] = float(row["lr_peak_epoch"]) / float(row["epochs"])
+        elif isinstance(OPDA_SPACE[name], IntDistribution) or name == "batch_size":
+            point[name] = int(row[name])
+        else:
+            point[name] = float(row[name])
+    return point
+
+
+def _opda_space(points: list[dict[str, Any]], names: list[str]) -> dict[str, BaseDistribution]:
+    """opda's declared ranges, widened to cover every run's values; the table's batch sizes."""
+    space: dict[str, BaseDistribution] = {}
+    for name in names:
+        values = [p[name] for p in points]
+        dist = OPDA_SPACE[name]
+        if isinstance(dist, CategoricalDistribution):
+            space[name] = CategoricalDistribution(sorted(set(values)))
+        elif isinstance(dist, IntDistribution):
+            space[name] = IntDistribution(min(dist.low, min(values)),
+                                          max(dist.high, max(values)))
+        elif isinstance(dist, FloatDistribution):
+            low = min(dist.low, min(values))
+            space[name] = FloatDistribution(low if low > 0 or not dist.log else dist.low,
+                                            max(dist.high, max(values)), log=dist.log)
+    return space
 
 
 def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 1000) -> Table:
-    """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target``."""
+    """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target``.
+
+    Each run needs ``epochs`` and ``learning_curve``; its hyperparameters are those of opda's
+    ConvNeXt search (``batch_size``, ``lr``, ``lr_peak_epoch``, ``momentum``, ``weight_decay``,
+    ``label_smoothing``) that every run of the table holds: a table that did not search one
+    is searched without it. A metric of null or NaN ends a run there, as diverged."""
     rows = _read_lines(path)
-    points, runs = [], []
     for number, row in enumerate(rows, start=1):
-        where = f"{path}, line {number}"
-        missing = [k for k in _OPDA_KEYS if k not in row]
+        missing = [k for k in _OPDA_NEEDED if k not in row]
         if missing:
-            raise TableError(f"{where} lacks {', '.join(missing)}; an opda run has "
-                             f"{', '.join(_OPDA_KEYS)}")
-        runs.append(_opda_run(row, metric, where))
-        points.append({"epochs": int(row["epochs"]), "batch_size": int(row["batch_size"]),
-                       "lr": float(row["lr"]),
-                       "lr_peak_share": float(row["lr_peak_epoch"]) / float(row["epochs"]),
-                       "momentum": float(row["momentum"]),
-                       "weight_decay": float(row["weight_decay"]),
-                       "label_smoothing": float(row["label_smoothing"])})
-    space = dict(OPDA_SPACE)
-    choices = sorted({p["batch_size"] for p in points})
-    if set(choices) - set(OPDA_SPACE["batch_size"].choices):  # type: ignore[attr-defined]
-        space["batch_size"] = CategoricalDistribution(choices)
+            raise TableError(f"{path}, line {number}, lacks {', '.join(missing)}; an opda run "
+                             f"has {', '.join(_OPDA_NEEDED)} and hyperparameters among "
+                             f"{', '.join(_OPDA_PARAMS)}")
+        for key in ("epochs", *_OPDA_PARAMS):
+            if key in row and (_number(row[key]) is None
+                               or (key in ("epochs", "batch_size") and row[key] <= 0)):
+                raise TableError(f"{path}, line {number}: {key} must be a positive number"
+                                 if key in ("epochs", "batch_size") else
+                                 f"{path}, line {number}: {key} must be a number, not "
+                                 f"{row[key]!r:.40}")
+    held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)]
+    names = ["epochs", *("lr_peak_share" if k == "lr_peak_epoch" else k for k in held)]
+    points = [_opda_point(row, names) for row in rows]
+    runs = [_opda_run(row, metric, f"{path}, line {number}")
+            for number, row in enumerate(rows, start=1)]
+    space = _opda_space(points, names)
+    notes = [f"{k} is not in every run: searched without it"
+             for k in _OPDA_PARAMS if k not in held and any(k in row for row in rows)]
     # A run whose loss went NaN before its first evaluation: it cost about half an epoch.
     firsts = [r.times[0] for r in runs if r.times]
     if not firsts:
@@ -204,7 +263,7 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 100
             runs[i] = Run(r.times, r.values, r.epochs, r.planned_epochs, "diverged",
                           end_s=r.times[-1] + 0.5 * gap, losses=r.losses)
     return Table(f"opda:{path.name}", target, runs, space, _nearest(space, points, runs),
-                 num_classes=num_classes, metric=metric,
+                 num_classes=num_classes, metric=metric, notes=notes,
                  credit="opda tuning data (Lourie et al., arXiv 2311.09480; CC BY-SA 4.0)")
 
 
