@@ -264,7 +264,8 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 100
                           end_s=r.times[-1] + 0.5 * gap, losses=r.losses)
     return Table(f"opda:{path.name}", target, runs, space, _nearest(space, points, runs),
                  num_classes=num_classes, metric=metric, notes=notes,
-                 credit="opda tuning data (Lourie et al., arXiv 2311.09480; CC BY-SA 4.0)")
+                 credit="in opda's format (Lourie et al., arXiv 2311.09480); credit whoever "
+                        "recorded it (opda's own ConvNeXt-tiny curves: CC BY-SA 4.0)")
 
 
 # -- autotune's own recorded tables --------------------------------------------------------------
