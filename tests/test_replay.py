@@ -83,6 +83,8 @@ def test_an_opda_table_needs_a_target_that_some_run_reaches(tmp_path):
         _ = load_table(f"opda:{path}", 0.9).best_tta
     with pytest.raises(TableError, match="no table at"):
         load_table(f"opda:{tmp_path / 'missing.jsonl'}", 0.7)
+    with pytest.raises(TableError, match="unknown table kind 'odpa'"):
+        load_table(f"odpa:{path}", 0.7)
 
 
 def test_an_opda_table_from_another_search_is_searched_over_what_it_holds(tmp_path):

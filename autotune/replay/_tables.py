@@ -387,6 +387,10 @@ def load_table(spec: str, target: float | None = None, *,
     (an autotune-recorded table)."""
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in ("opda", "yahpo-lcbench", "autotune"):
+        if sep and len(kind) > 1 and not Path(spec).exists():   # C:\... is a path
+            raise TableError(f"unknown table kind {kind!r} in {spec!r}: give opda:PATH, "
+                             "yahpo-lcbench:INSTANCE, autotune:PATH or the path of a table "
+                             "that `record` wrote")
         kind, rest = "autotune", spec
     if kind == "opda":
         if target is None:
