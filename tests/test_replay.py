@@ -75,6 +75,19 @@ def test_a_broken_opda_file_is_refused_with_what_is_wrong(tmp_path, content, mes
         load_table(f"opda:{path}", 0.7)
 
 
+def test_an_opda_table_replays_top5_as_dawnbench_measures(tmp_path):
+    path = _opda_file(tmp_path)
+    top5 = load_table(f"opda:{path}", 0.85, metric="top5")
+    assert top5.metric == "top5" and top5.runs[0].values[0] == pytest.approx(0.21)
+    assert top5.best_tta == pytest.approx(600.0 * 19)        # 0.01 + 0.0365 * 18 + 0.2 >= 0.85
+    outcome = Replay(top5, "autotune", seed=0, max_trials=10, min_compute_factor=0.0).run()
+    assert outcome.trials == 10 and "reached" in {r for r, _, _ in outcome.spent}
+    with pytest.raises(TableError, match="--metric top5 needs an opda table"):
+        load_table(str(path), 0.85, metric="top5")
+    with pytest.raises(TableError, match="metric must be top1 or top5"):
+        load_table(f"opda:{path}", 0.85, metric="top3")
+
+
 def test_an_opda_table_needs_a_target_that_some_run_reaches(tmp_path):
     path = _opda_file(tmp_path)
     with pytest.raises(TableError, match="needs --target"):

@@ -381,10 +381,13 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
                         "Apache-2.0)", notes=notes)
 
 
-def load_table(spec: str, target: float | None = None, *,
+def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
                yahpo_data: Path | None = None) -> Table:
     """``spec``: ``opda:PATH``, ``yahpo-lcbench:INSTANCE``, ``autotune:PATH`` or a bare path
-    (an autotune-recorded table)."""
+    (an autotune-recorded table). ``metric``: ``top1``, or ``top5`` (opda tables only: their
+    curves hold ``top_5``; DAWNBench's metric)."""
+    if metric not in ("top1", "top5"):
+        raise TableError(f"metric must be top1 or top5, got {metric!r}")
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in ("opda", "yahpo-lcbench", "autotune"):
         if sep and len(kind) > 1 and not Path(spec).exists():   # C:\... is a path
@@ -392,11 +395,14 @@ def load_table(spec: str, target: float | None = None, *,
                              "yahpo-lcbench:INSTANCE, autotune:PATH or the path of a table "
                              "that `record` wrote")
         kind, rest = "autotune", spec
+    if kind != "opda" and metric != "top1":
+        raise TableError(f"--metric {metric} needs an opda table (its curves hold top_5); "
+                         f"{spec} has one accuracy: leave --metric at top1")
     if kind == "opda":
         if target is None:
-            raise TableError("an opda table needs --target (the top-1 accuracy to reach, "
+            raise TableError(f"an opda table needs --target (the {metric} accuracy to reach, "
                              "e.g. 0.70)")
-        return opda(Path(rest), target)
+        return opda(Path(rest), target, metric)
     if kind == "yahpo-lcbench":
         data = yahpo_data or Path(__file__).resolve().parents[3] / "shared" / "external" \
             / "yahpo-lcbench"
