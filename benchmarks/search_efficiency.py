@@ -1,11 +1,12 @@
 """Search efficiency: how much compute each tuner spends to find a fast configuration.
 
     python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 60] [--resume] [--out F]
-    python benchmarks/search_efficiency.py compare [--table T] [--target A] [--workers N]
-        [--seeds 200] [--jobs N] [--methods M,...] [--goals 1.5,1.25]
+    python benchmarks/search_efficiency.py compare [--table T] [--target A] [--metric top1|top5]
+        [--workers N] [--seeds 200] [--jobs N] [--methods M,...] [--goals 1.5,1.25]
     python benchmarks/search_efficiency.py paper [--instances 167168,189873,189906]
     python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300] [--table F]
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--table T] [--target A]
+        [--metric top1|top5]
 
 ``record`` trains a random sample of quickstart configurations for real (the deepspeed
 launcher, 2 CPU ranks kept warm between configurations as a worker keeps them, digits, the

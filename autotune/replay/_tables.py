@@ -236,11 +236,13 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 100
                              f"has {', '.join(_OPDA_NEEDED)} and hyperparameters among "
                              f"{', '.join(_OPDA_PARAMS)}")
         for key in ("epochs", *_OPDA_PARAMS):
-            if key in row and (_number(row[key]) is None
-                               or (key in ("epochs", "batch_size") and row[key] <= 0)):
-                raise TableError(f"{path}, line {number}: {key} must be a positive number"
-                                 if key in ("epochs", "batch_size") else
-                                 f"{path}, line {number}: {key} must be a number, not "
+            if key not in row:
+                continue
+            value = _number(row[key])
+            if key in ("epochs", "batch_size") and (value is None or value <= 0):
+                raise TableError(f"{path}, line {number}: {key} must be a positive number")
+            if value is None:
+                raise TableError(f"{path}, line {number}: {key} must be a number, not "
                                  f"{row[key]!r:.40}")
     held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)]
     names = ["epochs", *("lr_peak_share" if k == "lr_peak_epoch" else k for k in held)]
