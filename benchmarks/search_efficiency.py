@@ -290,14 +290,18 @@ def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
     launch overhead apart, with autotune's sampler or with random proposals."""
     table = table_of(spec, target, metric)
     ends: dict[str, list[float]] = {}
+    phases: dict[str, dict[str, list[float]]] = {"until": {}, "after": {}}
     overhead = total = 0.0
     for seed in range(seeds):
         replay = Replay(table, "autotune", seed, goals=(1.5,), budget_factor=0.0)
         if proposals == "random":
             replay.study.sampler = optuna.samplers.RandomSampler(seed=seed)
-        replay.run()
-        for end, launch, seconds in replay.spent:
+        outcome = replay.run()
+        first = len(outcome.spent) if outcome.first_reach is None else outcome.first_reach
+        for i, (end, launch, seconds) in enumerate(outcome.spent):
             ends.setdefault(end, []).append(launch + seconds)
+            phase = phases["until" if i < first else "after"]
+            phase.setdefault(end, []).append(launch + seconds)
             overhead += launch
         total += replay.compute
     count = sum(len(v) for v in ends.values())
@@ -306,6 +310,14 @@ def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
     for end, costs in sorted(ends.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {end:16s} {len(costs):5d} trials  {sum(costs):9.5g} s "
               f"({100 * sum(costs) / total:4.1f}%)  {statistics.mean(costs):8.4g} s each")
+    for phase, label in (("until", "until a first trial reached the target (it included)"),
+                         ("after", "after it")):
+        spent = phases[phase]
+        n, seconds = sum(len(v) for v in spent.values()), sum(sum(v) for v in spent.values())
+        parts = ", ".join(f"{end} {100 * sum(v) / total:.1f}%" for end, v in
+                          sorted(spent.items(), key=lambda kv: -sum(kv[1])))
+        print(f"  {label}: {n / seeds:.1f} trials a study, {100 * seconds / total:.1f}% of "
+              f"compute ({parts})")
     print(f"launch_overhead_share={overhead / total:.2f} trials_per_study={count / seeds:.1f} "
           f"seconds_per_trial={total / count:.4g} diverged_share="
           f"{sum(ends.get('diverged', [])) / total:.3f}")

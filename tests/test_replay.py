@@ -82,6 +82,9 @@ def test_an_opda_table_replays_top5_as_dawnbench_measures(tmp_path):
     assert top5.best_tta == pytest.approx(600.0 * 19)        # 0.01 + 0.0365 * 18 + 0.2 >= 0.85
     outcome = Replay(top5, "autotune", seed=0, max_trials=10, min_compute_factor=0.0).run()
     assert outcome.trials == 10 and "reached" in {r for r, _, _ in outcome.spent}
+    # the first reach splits the study's compute for `breakdown`: the trials up to it
+    reasons = [r for r, _, _ in outcome.spent]
+    assert outcome.first_reach == reasons.index("reached") + 1
     with pytest.raises(TableError, match="--metric top5 needs an opda table"):
         load_table(str(path), 0.85, metric="top5")
     with pytest.raises(TableError, match="metric must be top1 or top5"):

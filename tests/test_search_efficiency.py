@@ -195,3 +195,18 @@ def test_paper_refuses_an_unknown_instance_at_once(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "'12'" in lines[0] or "yahpo" in lines[0].lower()   # the instance, or no surrogate
+
+
+def test_breakdown_splits_the_compute_at_the_first_reach(tmp_path, capsys):
+    miss = [[2.0 * k, 0.2 + 0.05 * k, 0.5, k / 8, 1.0] for k in range(1, 9)]
+    rows = [{"params": c, "curve": miss, "reached_at": None, "end_reason": "planned_epochs",
+             "elapsed_s": 16.0, "overhead_s": 0.0, "epochs": 4} for c in CONFIGS]
+    rows[2]["curve"] = [[4.0 * k, 0.9 + 0.04 * k, 1.0, k / 2, 0.1] for k in range(1, 3)]
+    rows[2] |= {"reached_at": 8.0, "end_reason": "reached", "elapsed_s": 8.0}
+    se.breakdown(2, "random", spec=_table_file(tmp_path, rows), target=0.97)
+    lines = capsys.readouterr().out.splitlines()
+    until = next(line for line in lines if "until a first trial reached" in line)
+    after = next(line for line in lines if line.strip().startswith("after it"))
+    share = [float(line.split(" trials a study, ")[1].split("%")[0]) for line in (until, after)]
+    assert sum(share) == pytest.approx(100.0, abs=0.2)
+    assert "reached" in until and "reached" not in after      # the study stops at the goal

@@ -147,6 +147,7 @@ class Outcome:
     trials: int
     compute: float
     spent: list[tuple[str, float, float]] = field(default_factory=list)  # ending, overhead, s
+    first_reach: int | None = None     # trials ended (in ``spent``) when the first one reached
 
 
 @dataclass
@@ -198,6 +199,7 @@ class Replay:
         self.found_at: dict[float, float] = {}
         self.best_in_budget = math.inf
         self.spent: list[tuple[str, float, float]] = []
+        self.first_reach: int | None = None
         self.compute = 0.0
         self._launched: set[int] = set()
 
@@ -252,7 +254,7 @@ class Replay:
             self.dehb.close()
         return Outcome({g: self.found_at.get(g, self.compute) for g in self.goals},
                        {g: g in self.found_at for g in self.goals}, self.best_in_budget,
-                       len(self.spent), self.compute, self.spent)
+                       len(self.spent), self.compute, self.spent, self.first_reach)
 
     def one_trial(self, worker: int = 0) -> tuple[TrialResult, list[dict[str, Any]]]:
         """Runs the study's next trial alone, from now to its end: its result and the replies
@@ -369,6 +371,8 @@ class Replay:
             self.dehb.tell(s.job, result, seconds)
         self.compute += s.overhead + seconds
         self.spent.append((result.reason, s.overhead, seconds))
+        if result.outcome == "reached" and self.first_reach is None:
+            self.first_reach = len(self.spent)
         if result.outcome == "reached" and result.value is not None:
             spent_by_now = self.workers * now   # every worker busy since the study began
             if spent_by_now <= self.budget:
