@@ -330,8 +330,27 @@ def _join_two_word_commands(argv: list[str]) -> list[str]:
     return argv
 
 
+def _incomplete_command(argv: list[str]) -> str | None:
+    """What is wrong when ``argv`` begins with the first word of a two-word command but not
+    the command (``autotune start``, ``autotune space list``), else None."""
+    if not argv or any(argv[0] == c for c in _TWO_WORD):
+        return None
+    begun = [c for c in _TWO_WORD if c.split()[0] == argv[0]]
+    if not begun:
+        return None
+    given = (f"'{argv[0]} {argv[1]}'" if len(argv) >= 2 and not argv[1].startswith("-")
+             else f"'{argv[0]}' alone")
+    named = " and ".join(f"'autotune {c}'" for c in begun)
+    return (f"{given} is not a command; the command{'s are' if len(begun) > 1 else ' is'} "
+            f"{named} (add --help to see the options)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = _join_two_word_commands(list(sys.argv[1:] if argv is None else argv))
+    problem = _incomplete_command(args_list)
+    if problem is not None:
+        print(f"autotune: error: {problem}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(args_list)
     try:
         code: int = args.func(args)

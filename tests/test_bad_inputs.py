@@ -286,6 +286,12 @@ VERBS = {
                                    "--world-size must be at least 1"),
     "ui on a port too high": (["ui", "--port", "70000"], "is not a port; use 1 to 65535"),
     "ui on a store that is not there": (["ui", "--tracking-uri", "nostore"], "nostore"),
+    "start without study": (["start"], "the command is 'autotune start study'"),
+    "start --help without study": (["start", "--help"], "'start' alone is not a command"),
+    "space with an unknown verb": (["space", "list"], "'space list' is not a command; the "
+                                   "commands are 'autotune space show' and 'autotune space "
+                                   "check'"),
+    "db without upgrade": (["db", "--storage", "sqlite:///x.db"], "'autotune db upgrade'"),
 }
 
 
