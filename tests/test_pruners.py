@@ -80,6 +80,24 @@ def test_projection_lets_a_fast_learner_continue():
     assert decide(c, [], best_tta=20.0, rules=RULES) is None
 
 
+def test_projection_waits_for_a_pace_measured_over_time():
+    # Two evaluations at the same elapsed time (a trainer that evaluates twice within its
+    # clock's resolution, or YAHPO LCBench's surrogate, whose first two epochs often end at
+    # the same second): 0.15 -> 0.76 says nothing about the pace, so the projection, which would
+    # fall back on the planned end (180 s, past the best TTA), waits for the next evaluation.
+    # On LCBench 189906 such runs rose to the target within seconds of it.
+    same = Curve((6.92, 6.92), (0.15, 0.76), (1 / 52, 2 / 52))
+    target = Rules(target=0.857, chance=0.0)
+    assert optimistic_tta(same, target) > 28.8          # the planned end: no pace to go on
+    assert decide(same, [], best_tta=28.8, rules=target) is None
+    # one evaluation later the pace is measured (0.76 -> 0.82 in 2 s): on it, the trial makes it
+    later = Curve((6.92, 6.92, 8.95), (0.15, 0.76, 0.82), (1 / 52, 2 / 52, 3 / 52))
+    assert decide(later, [], best_tta=28.8, rules=target) is None
+    # ... and had it stalled (0.76 -> 0.765), it could not, and is stopped
+    stalled = Curve((6.92, 6.92, 8.95), (0.15, 0.76, 0.765), (1 / 52, 2 / 52, 3 / 52))
+    assert decide(stalled, [], best_tta=28.8, rules=target) == "projection"
+
+
 def test_the_trap_a_long_schedule_behind_early_that_wins_late_survives():
     # Short schedules look good at the 6 s rung; the long one (planned end 16 s) is behind
     # because its LR is still high, but its schedule ends before the best TTA of 18 s: it can

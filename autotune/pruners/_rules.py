@@ -9,7 +9,8 @@ Each rule answers one question about a running trial and returns a stop reason o
 * ``bound``: its elapsed time has passed the best TTA (times a margin), or its next
   evaluation cannot come before it: it cannot win (TTA is taken at an evaluation);
 * ``projection``: even an optimistic projection of its TTA (its best accuracy so far, at the
-  steepest pace it has shown) is later than the best TTA;
+  steepest pace it has shown) is later than the best TTA; judged once it has shown a pace:
+  two evaluations at different elapsed times (two at the same second say nothing of it);
 * ``rung``: at wall-clock rungs (``min_rung_s`` x eta^k seconds) it is in the bottom
   1 - 1/eta of the trials that got there, compared at equal elapsed time, as ASHA does
   asynchronously, unless its projection says it can still win (a long schedule that is behind
@@ -190,7 +191,7 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
                                  or next_evaluation(curve, rules) > deadline):
         return "bound"
     projected = optimistic_tta(curve, rules)
-    if deadline is not None and projected > deadline and len(curve.times) >= 2:
+    if deadline is not None and projected > deadline and len(set(curve.times)) >= 2:
         return "projection"
     leaders = _rung_leaders(curve, others, rules)
     if leaders is not None:
