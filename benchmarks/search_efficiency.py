@@ -289,7 +289,6 @@ def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
     """Where autotune's compute goes until it finds the goal: seconds by how trials ended,
     launch overhead apart, with autotune's sampler or with random proposals."""
     table = table_of(spec, target, metric)
-    ends: dict[str, list[float]] = {}
     phases: dict[str, dict[str, list[float]]] = {"until": {}, "after": {}}
     overhead = total = 0.0
     for seed in range(seeds):
@@ -299,11 +298,14 @@ def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
         outcome = replay.run()
         first = len(outcome.spent) if outcome.first_reach is None else outcome.first_reach
         for i, (end, launch, seconds) in enumerate(outcome.spent):
-            ends.setdefault(end, []).append(launch + seconds)
             phase = phases["until" if i < first else "after"]
             phase.setdefault(end, []).append(launch + seconds)
             overhead += launch
         total += replay.compute
+    ends: dict[str, list[float]] = {}
+    for spent in phases.values():
+        for end, costs in spent.items():
+            ends.setdefault(end, []).extend(costs)
     count = sum(len(v) for v in ends.values())
     print(f"autotune ({proposals} proposals), {seeds} studies until each found the goal: "
           f"{count} trials, {total:.5g} s")
