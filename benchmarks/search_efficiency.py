@@ -272,14 +272,17 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
             print(f"{method:14s} {'  '.join(parts)}  best TTA within 20 x best: "
                   f"{in_budget:.5g} s; {trials:.0f} trials", flush=True)
     base = statistics.median(spent_by["autotune"])
-    baselines = {m: _ratio(statistics.median(v), base) for m, v in spent_by.items()
-                 if m != "autotune"}
-    best_baseline = min(baselines, key=lambda m: baselines[m])
+    baselines, best_baseline = best_of(spent_by)
+    never = {m: sum(math.isinf(x) for x in v) for m, v in spent_by.items()}
     if seeds >= 40:
         for other in dict.fromkeys(("random", best_baseline)):
             low, high = ratio_interval(spent_by[other], spent_by["autotune"])
             print(f"{other}_ratio 90% bootstrap interval over the {seeds} seeds: "
                   f"{low:.2f} to {high:.2f}")
+    if math.isinf(base) and math.isinf(statistics.median(spent_by[best_baseline])):
+        print(f"neither autotune nor {best_baseline} found a goal configuration in half its "
+              f"studies (ratio 1 by convention): never {100 * never['autotune'] / seeds:.0f}% "
+              f"against {100 * never[best_baseline] / seeds:.0f}%")
     print(f"autotune_median_h={base / 3600:.4g} random_ratio={baselines['random']:.2f} "
           f"best_baseline={best_baseline} best_baseline_ratio={baselines[best_baseline]:.2f}")
 
@@ -502,6 +505,17 @@ def ratio_interval(spent: list[float], base: list[float], resamples: int = 1000,
                            statistics.median(rng.choices(base, k=len(base))))
                     for _ in range(resamples))
     return _q(ratios, 0.05), _q(ratios, 0.95)
+
+
+def best_of(spent_by: dict[str, list[float]]) -> tuple[dict[str, float], str]:
+    """Each baseline's ratio (its median compute over autotune's, never-found studies
+    infinite) and the best baseline: the lowest ratio, ties (medians that are all never-found)
+    going to the one that missed in fewest studies."""
+    base = statistics.median(spent_by["autotune"])
+    ratios = {m: _ratio(statistics.median(v), base) for m, v in spent_by.items()
+              if m != "autotune"}
+    best = min(ratios, key=lambda m: (ratios[m], sum(math.isinf(x) for x in spent_by[m])))
+    return ratios, best
 
 
 def _ratio(other: float, base: float) -> float:

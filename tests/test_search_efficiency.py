@@ -210,3 +210,15 @@ def test_breakdown_splits_the_compute_at_the_first_reach(tmp_path, capsys):
     share = [float(line.split(" trials a study, ")[1].split("%")[0]) for line in (until, after)]
     assert sum(share) == pytest.approx(100.0, abs=0.2)
     assert "reached" in until and "reached" not in after      # the study stops at the goal
+
+
+def test_the_best_baseline_among_never_found_medians_is_the_one_that_missed_least():
+    inf = float("inf")
+    spent_by = {"autotune": [1.0, inf, inf], "random": [inf, inf, inf],
+                "tpe_hyperband": [2.0, inf, inf], "tpe_median": [inf, inf, inf]}
+    ratios, best = se.best_of(spent_by)
+    assert ratios == {"random": 1.0, "tpe_hyperband": 1.0, "tpe_median": 1.0}
+    assert best == "tpe_hyperband"     # not the first listed, nor one that always missed
+    spent_by["autotune"] = [1.0, 1.0, inf]
+    ratios, best = se.best_of(spent_by)
+    assert best == "tpe_hyperband" and ratios["random"] == inf
