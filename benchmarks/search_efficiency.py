@@ -273,7 +273,7 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
                   f"{in_budget:.5g} s; {trials:.0f} trials", flush=True)
     base = statistics.median(spent_by["autotune"])
     baselines, best_baseline = best_of(spent_by)
-    never = {m: sum(math.isinf(x) for x in v) for m, v in spent_by.items()}
+    never = {m: _misses(v) for m, v in spent_by.items()}
     if seeds >= 40:
         for other in dict.fromkeys(("random", best_baseline)):
             low, high = ratio_interval(spent_by[other], spent_by["autotune"])
@@ -514,8 +514,13 @@ def best_of(spent_by: dict[str, list[float]]) -> tuple[dict[str, float], str]:
     base = statistics.median(spent_by["autotune"])
     ratios = {m: _ratio(statistics.median(v), base) for m, v in spent_by.items()
               if m != "autotune"}
-    best = min(ratios, key=lambda m: (ratios[m], sum(math.isinf(x) for x in spent_by[m])))
+    best = min(ratios, key=lambda m: (ratios[m], _misses(spent_by[m])))
     return ratios, best
+
+
+def _misses(spent: list[float]) -> int:
+    """Studies that never found the goal (their compute to it infinite)."""
+    return sum(math.isinf(x) for x in spent)
 
 
 def _ratio(other: float, base: float) -> float:

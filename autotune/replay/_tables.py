@@ -318,7 +318,11 @@ def increasing(times: Sequence[float]) -> tuple[float, ...]:
     as if it reached its target in no time (on LCBench's smaller tasks half the runs have
     one)."""
     out = [float(t) for t in times]
-    highs = [i for i, t in enumerate(out) if t > max(out[:i], default=-math.inf)]
+    highs, top = [], -math.inf
+    for i, t in enumerate(out):
+        if t > top:
+            highs.append(i)
+            top = t
     for a, b in zip(highs, highs[1:], strict=False):
         for i in range(a + 1, b):
             out[i] = out[a] + (out[b] - out[a]) * (i - a) / (b - a)
