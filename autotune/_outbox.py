@@ -31,10 +31,11 @@ _MAX_BACKOFF_S = 30.0
 class Outbox:
     """An ordered, persistent queue of MLflow operations, delivered by a background thread."""
 
-    def __init__(self, client: Any, spool: Path, experiment: str,
+    def __init__(self, connect: Callable[[], Any], spool: Path, experiment: str,
                  experiment_tags: dict[str, str] | None = None,
                  artifact_location: str | None = None) -> None:
-        self._client = client
+        self._connect = connect             # makes the MlflowClient, in the delivery thread
+        self._connected: Any = None
         self._spool = spool
         self._experiment = experiment
         self._experiment_tags = dict(experiment_tags or {})
@@ -135,6 +136,14 @@ class Outbox:
                 self._pending.pop(0)
                 self._save()
                 self._lock.notify_all()
+
+    @property
+    def _client(self) -> Any:
+        """The MLflow client, made on first delivery: making one may reach a database that is
+        down, which is retried like any other delivery, never raised where training runs."""
+        if self._connected is None:
+            self._connected = self._connect()
+        return self._connected
 
     def known_run_id(self, key: str) -> str | None:
         """The run id of ``key`` if this outbox created or found it already; no MLflow call."""

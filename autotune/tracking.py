@@ -8,6 +8,7 @@ and arrive, once each, when MLflow is back.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -22,7 +23,7 @@ from . import record
 from ._outbox import Outbox
 from .config import resolve_tracking_uri
 
-__all__ = ["Tracker", "leaderboard", "run_name", "ui_command", "STUDY_KEY", "trial_key"]
+__all__ = ["Tracker", "connect", "leaderboard", "run_name", "ui_command", "STUDY_KEY", "trial_key"]
 
 log = logging.getLogger(__name__)
 STUDY_TAG = "autotune.study"
@@ -30,6 +31,27 @@ KIND_TAG = "autotune.kind"
 STUDY_KEY = "study"
 EVAL_METRICS = ("top1", "top5", "loss", "lr", "images_per_s", "elapsed_s", "epoch", "samples",
                 "image_size", "noise_scale")
+
+
+def connect(uri: str) -> Any:
+    """An ``MlflowClient`` on ``uri``.
+
+    MLflow creates or upgrades an SQLite store's schema when a client first opens it; two
+    processes doing so at once (a study and its workers starting together) leave it
+    half-migrated for good. On an SQLite file that step is taken under a lock file beside the
+    database, one process at a time.
+    """
+    from mlflow import MlflowClient
+
+    if not uri.startswith("sqlite:///") or uri == "sqlite:///:memory:":
+        return MlflowClient(tracking_uri=uri)
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / f"{db.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)        # released when the file closes
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # the schema is made by the first query
+        return client
 
 
 def trial_key(number: int) -> str:
@@ -99,14 +121,14 @@ class Tracker:
         # autotune retries on its own schedule; MLflow's own retries would block for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        from mlflow import MlflowClient
-
         self.uri, artifacts = resolve_tracking_uri(tracking_uri)
         self.study_name = study_name
         self.folder = folder
-        self.client = MlflowClient(tracking_uri=self.uri)
-        self.outbox = Outbox(self.client, folder / "mlflow-outbox.jsonl", study_name,
+        self.outbox = Outbox(self._connect, folder / "mlflow-outbox.jsonl", study_name,
                              dict(experiment_tags or {}), artifacts)
+
+    def _connect(self) -> Any:
+        return connect(self.uri)
 
     def _file(self, relative: str, text: str) -> Path:
         path = self.folder / "mlflow-files" / relative
@@ -194,7 +216,7 @@ class Tracker:
         if spool.is_file():
             from ._outbox import Outbox
 
-            left = Outbox(self.client, spool, self.study_name)
+            left = Outbox(self._connect, spool, self.study_name)
             if not left.close(timeout_s=60):
                 log.warning("MLflow records of lost worker %s are still in %s", worker, spool)
         self._log(key, tags={"optuna.state": "FAIL", "autotune.outcome": "failed",

@@ -22,9 +22,9 @@ def experiment_url(base: str, experiment_id: str) -> str:
 
 
 def _experiment_id(uri: str, study: str | None) -> str | None:
-    from mlflow import MlflowClient
+    from .tracking import connect
 
-    client = MlflowClient(tracking_uri=uri)
+    client = connect(uri)
     if study:
         exp = client.get_experiment_by_name(study)
         if exp is None:

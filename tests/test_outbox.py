@@ -33,7 +33,7 @@ def ops(n_metrics: int) -> list[dict]:
 def test_writes_wait_on_disk_while_mlflow_is_down_then_arrive_once(tmp_path):
     spool = tmp_path / "outbox.jsonl"
     down = MlflowClient(tracking_uri=f"http://127.0.0.1:{free_port()}")  # nothing listens
-    box = Outbox(down, spool, "study-x")
+    box = Outbox(lambda: down, spool, "study-x")
     for op in ops(5):
         box.submit(op)
     assert not box.close(timeout_s=2)                      # undeliverable: kept
@@ -43,11 +43,11 @@ def test_writes_wait_on_disk_while_mlflow_is_down_then_arrive_once(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     up = MlflowClient(tracking_uri=store)
     # A new process for the same study picks the spool up and delivers it.
-    box = Outbox(up, spool, "study-x")
+    box = Outbox(lambda: up, spool, "study-x")
     assert box.close(timeout_s=60)
     assert spool.read_text() == ""
     # Deliver the very same operations again, as after an answer lost in transit.
-    replay = Outbox(up, tmp_path / "again.jsonl", "study-x")
+    replay = Outbox(lambda: up, tmp_path / "again.jsonl", "study-x")
     for op in ops(5):
         replay.submit(op)
     assert replay.close(timeout_s=60)
@@ -67,8 +67,58 @@ def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
     spool = tmp_path / "outbox.jsonl"
     spool.write_text(json.dumps(ops(1)[0]) + "\n" + '{"op": "log", "ru')
     up = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    box = Outbox(up, spool, "study-y")
+    box = Outbox(lambda: up, spool, "study-y")
     assert box.close(timeout_s=60)
     exp = up.get_experiment_by_name("study-y")
     assert len(up.search_runs([exp.experiment_id])) == 1
     assert os.path.getsize(spool) == 0
+
+
+def test_a_client_that_cannot_be_made_yet_is_retried_and_nothing_is_lost(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tries = []
+
+    def connect():               # the tracking database is down for the first two tries
+        tries.append(1)
+        if len(tries) <= 2:
+            raise ConnectionError("tracking database refused the connection")
+        return MlflowClient(tracking_uri=store)
+
+    box = Outbox(connect, tmp_path / "outbox.jsonl", "study-z")   # never raises here
+    for op in ops(3):
+        box.submit(op)
+    assert box.close(timeout_s=60)
+    assert len(tries) == 3
+    up = MlflowClient(tracking_uri=store)
+    exp = up.get_experiment_by_name("study-z")
+    trial = next(r for r in up.search_runs([exp.experiment_id])
+                 if r.data.tags[RUN_KEY_TAG] == "trial-0")
+    assert [m.step for m in up.get_metric_history(trial.info.run_id, "top1")] == [0, 1, 2]
+
+
+OPEN_AT_ONCE = """
+import sys, time
+from autotune.tracking import connect
+start_at = float(sys.argv[2])
+time.sleep(max(0.0, start_at - time.time()))      # every process opens the store together
+client = connect(sys.argv[1])
+client.create_experiment(sys.argv[3])
+"""
+
+
+def test_processes_that_open_a_new_local_store_at_once_all_get_it_whole(tmp_path):
+    # MLflow makes an SQLite store's schema on first use; unguarded, processes that start
+    # together (a study and its workers) fail or leave the store half-migrated for good.
+    import subprocess
+    import sys
+    import time
+
+    store = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    start_at = time.time() + 15
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, store, str(start_at),
+                               f"study-{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(4)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-800:] for _, err in results]
+    names = {e.name for e in MlflowClient(tracking_uri=store).search_experiments()}
+    assert {f"study-{i}" for i in range(4)} <= names
