@@ -40,6 +40,9 @@ def format_result(r: TrialResult, metric: str) -> str:
         tail = f"censored  ({r.reason}) after {r.value:.2f} s, {best}"
     else:
         tail = f"failed    ({r.reason}) {r.detail}"[:200]
+    skipped = r.summary.get(record.UNREADABLE)
+    if skipped:
+        tail += f" ({skipped} unreadable image(s) skipped: named in the trial's log)"
     return f"[trial {r.number:3d}] {params} | {tail}"
 
 

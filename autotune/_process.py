@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,8 +19,28 @@ import psutil
 
 from .errors import LaunchError
 
-__all__ = ["ReportChannel", "TrainerProcess", "remove_shm_buffers",
+__all__ = ["ReportChannel", "TrainerProcess", "first_error", "remove_shm_buffers",
            "sweep_orphaned_shm_buffers"]
+
+# The last line of a Python traceback: ``ValueError: ...``, ``torch.OutOfMemoryError: ...``,
+# a rank's log prefix (``[rank1]: ``) allowed before it.
+_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Z]\w*"
+                         r"(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$")
+# Messages that say another process or thread failed, not why: a peer rank's socket closing,
+# a DataLoader process's error re-raised (its own line follows), the launcher's exit status.
+_ECHO = re.compile(r"Caught \w+ in DataLoader|Connection (closed|reset) by peer|Broken pipe|"
+                   r"ChildFailedError|returned non-zero exit status|DataLoader worker \(pid")
+
+
+def first_error(lines: list[str]) -> str | None:
+    """The error that ended a trainer, from its log: the first exception message that is not
+    an echo of another process's failure (with many ranks, the peers of the rank that failed
+    report only that it went away). None if the log holds no exception."""
+    for line in lines:
+        found = _ERROR_LINE.match(line.strip())
+        if found and not _ECHO.search(found.group(1)):
+            return found.group(1)[:300]
+    return None
 
 
 def remove_shm_buffers(master_port: int) -> None:
@@ -164,6 +185,16 @@ class TrainerProcess:
             return ""
         useful = [line for line in text if line.strip()]
         return " | ".join(useful[-lines:])
+
+    def cause(self) -> str:
+        """Why the trainer failed: the first error in its log (:func:`first_error`), else the
+        log's last lines; with the log's path, where the rest is."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        found = first_error(text)
+        return f"{found} (log: {self.log_path})" if found else self.tail()
 
 
 class ReportChannel:

@@ -48,6 +48,7 @@ RUN_KEY = "mlflow_run_key"           # the trial's MLflow run, by autotune's key
 WARM_START = "warm_start"            # enqueued from the space's warm starts
 SETUP_PHASES = "setup_phases"        # setup phase -> seconds after the start it began
 AUGMENT = "augment"                  # the augmentation the trainer used
+UNREADABLE = "unreadable_images"      # image files its trainer could not decode and skipped
 NOISE_SCALE = "noise_scale"          # the gradient noise scale it measured last (images)
 SETUP_S = "setup_s"                  # seconds from the start (or the plan) to the first step
 HOSTS = "hosts"                      # the machines its ranks ran on

@@ -22,7 +22,8 @@ from .tracking import Tracker, trial_key
 
 __all__ = ["MlflowListener", "RegistryListener", "TrialListener", "attempt_of"]
 
-_TIMES = ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "noise_scale")
+_TIMES = ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "noise_scale",
+          "unreadable_images")
 
 
 def attempt_of(trial: optuna.Trial) -> int:

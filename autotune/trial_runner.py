@@ -271,7 +271,7 @@ class TrialRunner:
                 and time.monotonic() >= self.stop_at - 1.0):
             end = {**end, "reason": "stopped"}       # it was the study's deadline, not the best
             stop_reason = "study_timeout"
-        result = classify(trial.number, end, code, process.tail() if end is None else "",
+        result = classify(trial.number, end, code, process.cause() if end is None else "",
                           handler.best, handler.evals, stop_reason)
         if bad is not None:
             result = TrialResult(trial.number, {}, "failed", "bad_report",

@@ -18,7 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from autotune._process import ReportChannel
+from autotune._process import ReportChannel, first_error
 from autotune.config import StudyConfig
 from autotune.decisions import TrialResult, classify, curve_row
 from autotune.errors import LaunchError
@@ -183,3 +183,18 @@ def test_a_worker_refuses_a_program_outside_trainers_whatever_the_stored_config_
             check_allowed(str(evil), digest(evil), allowed, "s")
     check_allowed(str(evil), digest(evil), [tmp_path], "s")      # allowed: no error
     assert not (tmp_path / "evil.py.ran").exists()
+
+
+def test_a_crashed_trainer_is_described_by_its_first_error_not_its_peers_echoes():
+    log = ["[rank1]: Traceback (most recent call last):",
+           "[rank1]:   File \"train.py\", line 3, in <module>",
+           "[rank1]: OSError: Caught OSError in DataLoader worker process 0.",
+           "[rank1]: Original Traceback (most recent call last):",
+           "[rank1]: OSError: image file is truncated (12 bytes not processed)",
+           "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:561] Connection closed by peer",
+           "subprocess.CalledProcessError: Command '['python', 'train.py']' returned non-zero "
+           "exit status 1."]
+    assert first_error(log) == "OSError: image file is truncated (12 bytes not processed)"
+    assert first_error(["[rank0]: torch.OutOfMemoryError: CUDA out of memory."]) == \
+        "torch.OutOfMemoryError: CUDA out of memory."
+    assert first_error(["[rank0]: RuntimeError: Connection reset by peer", "just text"]) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,70 @@ def test_digits_are_augmented_as_the_plan_says():
     flipped, _ = next(source.train_batches(0, 0, 0, 1, 64, 64, augment="flip"))
     same = [torch.equal(a, b) for a, b in zip(plain, flipped, strict=True)]
     assert any(same) and not all(same)
+
+
+def _spoil(root: Path) -> list[Path]:
+    """Files a user's tree really holds: a truncated download, an empty file, a text file named
+    .jpg, macOS's hidden ``._`` copies and ``.DS_Store``. Returns the unreadable visible ones."""
+    folder = root / "train" / "n00000000"
+    good = (folder / "img_0.JPEG").read_bytes()
+    bad = [folder / "cut.JPEG", folder / "empty.JPEG", root / "val" / "n00000001" / "notes.jpg"]
+    bad[0].write_bytes(good[: len(good) // 3])
+    bad[1].write_bytes(b"")
+    bad[2].write_text("not an image")
+    (folder / "._img_0.JPEG").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (folder / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    return bad
+
+
+def test_unreadable_images_are_skipped_named_once_and_hidden_files_are_not_images(tmp_path,
+                                                                                  capfd):
+    root = make_tree(tmp_path / "tree", train=40, val=10)
+    bad = _spoil(root)
+    spec = {"kind": "imagefolder", "path": str(root), "image_size": 16, "loader_workers": 0}
+    assert train_size(spec) == 3 * 40 + 2                   # the hidden files are not counted
+    source = open_source(spec, on_gpu=False)
+    assert source.train_len == 122 and source.val_len == 31
+    for epoch in range(2):
+        sizes = [len(y) for _, y in source.train_batches(epoch, seed=0, rank=0, world=1,
+                                                         per_rank=120, micro=8)]
+        assert sizes == [8] * 15        # an unreadable image's place is taken: batches keep
+    # in its place: a readable image of the same class, with that class's label
+    from trainers.augment import image_transform
+    from trainers.sources import _Sized
+
+    index = [p for p, _ in source.train.samples].index(str(bad[0]))
+    image, label, problem = _Sized(source.train, partial(image_transform, "none"),
+                                   replace=True)[(index, 16)]
+    assert image.shape == (3, 16, 16) and label == 0 and problem[0] == str(bad[0])
+    labels = [y for _, y in source.eval_batches(0, 1, 31)]
+    assert sum(len(y) for y in labels) == 30                 # the unreadable one left out
+    assert set(source.unreadable) <= {str(p) for p in bad}
+    assert str(bad[2]) in source.unreadable
+    said = capfd.readouterr().err
+    for path in source.unreadable:
+        assert said.count(f"unreadable image {path} ") == 1, said   # named once, not per read
+
+
+def test_a_tree_with_many_unreadable_images_fails_in_one_line_naming_one(tmp_path):
+    root = make_tree(tmp_path / "tree", train=30, val=3)
+    for i in range(12):                 # 12 of 90 training images: not a few bad files
+        (root / "train" / "n00000002" / f"img_{i}.JPEG").write_text("<html>404</html>")
+    source = open_source({"kind": "imagefolder", "path": str(root), "image_size": 16,
+                          "loader_workers": 0}, on_gpu=False)
+    with pytest.raises(ValueError, match=r"could not be decoded \(\d+ files, e\.g\. .*n00000002"
+                                         r".*repair or remove those files"):
+        for epoch in range(4):
+            list(source.train_batches(epoch, seed=0, rank=0, world=1, per_rank=90, micro=6))
+
+
+def test_tif_and_pgm_trees_are_counted_as_imagefolder_reads_them(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            Image.new("L", (8, 8)).save(tmp_path / split / c / "x.tif")
+            Image.new("L", (8, 8)).save(tmp_path / split / c / "y.pgm")
+    spec = {"kind": "imagefolder", "path": str(tmp_path), "image_size": 8, "loader_workers": 0}
+    assert train_size(spec) == 4 == open_source(spec, on_gpu=False).train_len

@@ -127,6 +127,10 @@ def _tinted_tree(root: Path, classes: int, per_class: int, val: int) -> None:
 
 def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     _tinted_tree(tmp_path / "my_images", classes=4, per_class=150, val=25)
+    val = tmp_path / "my_images" / "val" / "class_0"
+    for name in ("0.JPEG", "1.JPEG"):       # the first two: one in each rank's share
+        (val / name).write_bytes((val / name).read_bytes()[:200])   # cut short in transit
+    (val / "._2.JPEG").write_bytes(b"\x00\x05\x16\x07")          # macOS's metadata copy
     (tmp_path / "study.yaml").write_text(
         "study_name: my-images\n"
         "trainer:\n"
@@ -150,6 +154,11 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     assert "search space images" in result.stdout
     assert [t.user_attrs["augment"] for t in study.trials] == ["none", "crop_flip"]
     assert {"distributed", "data", "model", "engine"} <= set(first.user_attrs["setup_phases"])
+    # The two broken files are skipped and named, not fatal; the hidden one is not an image.
+    assert first.user_attrs["unreadable_images"] == 1       # rank 0's share of them
+    assert "1 unreadable image(s) skipped" in result.stdout
+    log = (tmp_path / "autotune-runs" / "my-images" / "trial-0" / "trainer.log").read_text()
+    assert f"unreadable image {val / '0.JPEG'} " in log and "._2.JPEG" not in log
 
 
 @pytest.mark.slow    # half a minute; the timeout's reply and record are unit-tested

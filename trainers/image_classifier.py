@@ -202,6 +202,9 @@ class Trainer:
             torch.save(self.engine.module.state_dict(), plan["save_model"])
         extra: dict[str, Any] = {"best_top1": trial.state["best"].get("top1", 0.0),
                                  "best_top5": trial.state["best"].get("top5", 0.0)}
+        skipped = getattr(self.source, "unreadable", None)   # files this rank could not read
+        if skipped:
+            extra["unreadable_images"] = len(skipped)
         if self.noise is not None and self.noise.measurements:
             extra["noise_cost_s"] = self.noise.cost_s   # spent even before an estimate shows
             if self.noise.value:

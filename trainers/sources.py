@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,14 @@ __all__ = ["Source", "image_size_default", "kept_source", "num_classes", "open_s
            "train_size"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".webp")
+# torchvision's ImageFolder extensions; hidden files (``.DS_Store``, macOS's ``._name.jpg``
+# copies of each image's metadata) are not images, whatever their name ends with.
+_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _is_image(path: str) -> bool:
+    name = os.path.basename(path)
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in _EXTENSIONS
 
 
 class Source:
@@ -143,16 +151,31 @@ class _Indices(torch.utils.data.Sampler[tuple[int, int]]):
         return len(self.indices)
 
 
+# Unreadable images: a few in a large tree are skipped (each named in the trial's log); more
+# than this share of the images read, once at least _UNREADABLE_MIN of them, fails the trial.
+_UNREADABLE_SHARE = 0.01
+_UNREADABLE_MIN = 20
+_NEIGHBOURS = 16    # images after an unreadable training image tried in its place
+
+
 class _Sized(torch.utils.data.Dataset[Batch]):
     """An ImageFolder read by (index, size) pairs: the image at ``index`` prepared by
-    ``transform(size)`` (each loader process builds a size's transform once)."""
+    ``transform(size)`` (each loader process builds a size's transform once).
 
-    def __init__(self, folder: Any, transform: Callable[[int], Any]) -> None:
-        self.folder, self.transform = folder, transform
+    An item is ``(image, label, problem)``: ``problem`` is ``(path, error)`` when the file at
+    ``index`` could not be decoded (a truncated download, an empty file, a text file named
+    .jpg). In training (``replace``) the image is then the next readable one of its class, so
+    batches keep their size; in evaluation it is None, and left out of the count."""
+
+    def __init__(self, folder: Any, transform: Callable[[int], Any], replace: bool) -> None:
+        self.folder, self.transform, self.replace = folder, transform, replace
         self._made: dict[int, Any] = {}
 
     def __len__(self) -> int:
         return len(self.folder)
+
+    def _decode(self, index: int) -> Any:
+        return self.folder.loader(self.folder.samples[index][0])
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         index, size = key
@@ -160,7 +183,34 @@ class _Sized(torch.utils.data.Dataset[Batch]):
         prepare = self._made.get(size)
         if prepare is None:
             prepare = self._made[size] = self.transform(size)
-        return prepare(self.folder.loader(path)), label
+        try:
+            return prepare(self._decode(index)), label, None
+        except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
+            problem = (path, " ".join(f"{type(e).__name__}: {e}".split())[:200])
+        if self.replace:
+            samples = self.folder.samples
+            for step in range(1, _NEIGHBOURS + 1):
+                other = (index + step) % len(samples)
+                if samples[other][1] != label:
+                    continue
+                try:
+                    return prepare(self._decode(other)), label, problem
+                except Exception:  # noqa: BLE001, S112 - unreadable too: try the next
+                    continue
+        return None, label, problem
+
+
+def _collate(items: list[Any]) -> tuple[Any, Any, list[tuple[str, str]], int]:
+    """A batch of ``_Sized`` items: (images, labels) of the readable ones (None, None if
+    none is), the problems met, and how many items were asked for."""
+    from torch.utils.data import default_collate
+
+    problems = [p for _, _, p in items if p is not None]
+    kept = [(x, y) for x, y, _ in items if x is not None]
+    if not kept:
+        return None, None, problems, len(items)
+    x, y = default_collate(kept)
+    return x, y, problems, len(items)
 
 
 class ImageFolderSource(Source):
@@ -179,8 +229,8 @@ class ImageFolderSource(Source):
         root = Path(spec["path"])
         self.size = int(spec.get("image_size", 224))
         self.eval_size = int(spec.get("eval_size", self.size))
-        self.train = datasets.ImageFolder(str(root / "train"))
-        self.val = datasets.ImageFolder(str(root / "val"))
+        self.train = datasets.ImageFolder(str(root / "train"), is_valid_file=_is_image)
+        self.val = datasets.ImageFolder(str(root / "val"), is_valid_file=_is_image)
         if self.train.classes != self.val.classes:
             raise ValueError(f"{root}: train/ and val/ must hold the same class folders")
         self.num_classes = len(self.train.classes)
@@ -188,6 +238,10 @@ class ImageFolderSource(Source):
         self.workers = int(spec.get("loader_workers", min(4, os.cpu_count() or 1)))
         self.pin = on_gpu
         self._loaders: dict[str, tuple[Any, Any, _Indices]] = {}  # train, val: key, loader
+        self.root = root
+        self.reads = 0                        # images this rank asked its loaders for
+        self.unreadable: dict[str, str] = {}  # path -> the decoder's error, each named once
+        self.unreadable_reads = 0
 
     def _loader(self, part: str, dataset: Any, transform: Callable[[int], Any], key: Any,
                 indices: Sequence[int], batch: int, size: int) -> Iterator[Batch]:
@@ -200,14 +254,41 @@ class ImageFolderSource(Source):
         if held is None or held[0] != key:
             self._loaders.pop(part, None)   # the old loader's workers end with it
             sampler = _Indices()
-            loader = DataLoader(_Sized(dataset, transform), batch_size=batch, sampler=sampler,
+            loader = DataLoader(_Sized(dataset, transform, replace=part == "train"),
+                                batch_size=batch, sampler=sampler, collate_fn=_collate,
                                 num_workers=self.workers, pin_memory=self.pin,
                                 drop_last=False, persistent_workers=self.workers > 0,
                                 prefetch_factor=4 if self.workers else None)
             held = self._loaders[part] = (key, loader, sampler)
         _, loader, sampler = held
         sampler.indices = [(int(i), size) for i in indices]
-        yield from loader
+        for x, y, problems, asked in loader:
+            self._count(part, problems, asked, whole=x is None)
+            if x is not None:
+                yield x, y
+
+    def _count(self, part: str, problems: list[tuple[str, str]], asked: int,
+               whole: bool) -> None:
+        """Counts a batch's reads and unreadable images; names each unreadable file once on
+        stderr (the trial's log); raises once they are more than a few."""
+        self.reads += asked
+        self.unreadable_reads += len(problems)
+        for path, error in problems:
+            if path not in self.unreadable:
+                self.unreadable[path] = error
+                kept = ("another image of its class trained in its place" if part == "train"
+                        else "left out of the evaluation")
+                print(f"autotune: unreadable image {path} ({error}); {kept}. Repair or "
+                      "remove it", file=sys.stderr, flush=True)
+        many = (self.unreadable_reads >= _UNREADABLE_MIN
+                and self.unreadable_reads > _UNREADABLE_SHARE * self.reads)
+        if many or (whole and part == "train"):
+            path, error = next(iter(self.unreadable.items()))
+            raise ValueError(
+                f"ImageFolder {self.root}: {self.unreadable_reads} of the {self.reads} images "
+                f"read so far could not be decoded ({len(self.unreadable)} files, e.g. {path}: "
+                f"{error}); up to {_UNREADABLE_SHARE:.0%} are skipped, more means the tree "
+                "itself is wrong: repair or remove those files (each is named in this log)")
 
     def _load_train(self, indices: torch.Tensor, micro: int, augment: str,
                     size: int | None) -> Iterator[Batch]:
@@ -225,7 +306,8 @@ class ImageFolderSource(Source):
 
 
 def _count_images(folder: Path) -> int:
-    return sum(1 for p in folder.rglob("*") if p.suffix.lower() in _EXTENSIONS)
+    return sum(1 for _, _, files in os.walk(folder, followlinks=True)  # as ImageFolder walks
+               for name in files if _is_image(name))
 
 
 def check_layout(root: Path) -> None:
