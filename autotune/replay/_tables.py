@@ -358,8 +358,9 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
         local_config.set_data_path(str(data_path))
         bench = BenchmarkSet("lcbench", check=False)
     if instance not in bench.instances:
-        raise TableError(f"LCBench has no instance {instance!r}; it has "
-                         f"{', '.join(sorted(bench.instances)[:6])}, ...")
+        ids = sorted(bench.instances, key=lambda i: (len(i), i))   # by number where numeric
+        raise TableError(f"LCBench has no instance {instance!r}; its {len(ids)} are "
+                         f"{', '.join(ids)}")
     bench.set_instance(instance)
     cs = bench.get_opt_space(drop_fidelity_params=True)
     space: dict[str, BaseDistribution] = {}
