@@ -155,7 +155,7 @@ class _Indices(torch.utils.data.Sampler[tuple[int, int]]):
 # than this share of the images read, once at least _UNREADABLE_MIN of them, fails the trial.
 _UNREADABLE_SHARE = 0.01
 _UNREADABLE_MIN = 20
-_NEIGHBOURS = 16    # images after an unreadable training image tried in its place
+_NEIGHBOURS = 8     # images on each side of an unreadable training image tried in its place
 
 
 class _Sized(torch.utils.data.Dataset[Batch]):
@@ -164,8 +164,8 @@ class _Sized(torch.utils.data.Dataset[Batch]):
 
     An item is ``(image, label, problem)``: ``problem`` is ``(path, error)`` when the file at
     ``index`` could not be decoded (a truncated download, an empty file, a text file named
-    .jpg). In training (``replace``) the image is then the next readable one of its class, so
-    batches keep their size; in evaluation it is None, and left out of the count."""
+    .jpg). In training (``replace``) the image is then the nearest readable one of its class,
+    so batches keep their size; in evaluation it is None, and left out of the count."""
 
     def __init__(self, folder: Any, transform: Callable[[int], Any], replace: bool) -> None:
         self.folder, self.transform, self.replace = folder, transform, replace
@@ -189,8 +189,8 @@ class _Sized(torch.utils.data.Dataset[Batch]):
             problem = (path, " ".join(f"{type(e).__name__}: {e}".split())[:200])
         if self.replace:
             samples = self.folder.samples
-            for step in range(1, _NEIGHBOURS + 1):
-                other = (index + step) % len(samples)
+            for step in (d for k in range(1, _NEIGHBOURS + 1) for d in (k, -k)):
+                other = (index + step) % len(samples)   # a class's files sit together
                 if samples[other][1] != label:
                     continue
                 try:
