@@ -24,8 +24,9 @@ __all__ = ["ReportChannel", "TrainerProcess", "first_error", "remove_shm_buffers
 
 # The last line of a Python traceback: ``ValueError: ...``, ``torch.OutOfMemoryError: ...``,
 # a rank's log prefix (``[rank1]: ``) allowed before it.
-_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Z]\w*"
+_ERROR_LINE = re.compile(r"^(\[rank\d+\]:)?\s*((?:[A-Za-z_]\w*\.)*[A-Z]\w*"
                          r"(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$")
+_TRACEBACK = re.compile(r"^(\[rank\d+\]:)?\s*Traceback \(most recent call last\):")
 # Messages that say another process or thread failed, not why: a peer rank's socket closing,
 # a DataLoader process's error re-raised (its own line follows), the launcher's exit status.
 _ECHO = re.compile(r"Caught \w+ in DataLoader|Connection (closed|reset) by peer|Broken pipe|"
@@ -33,13 +34,22 @@ _ECHO = re.compile(r"Caught \w+ in DataLoader|Connection (closed|reset) by peer|
 
 
 def first_error(lines: list[str]) -> str | None:
-    """The error that ended a trainer, from its log: the first exception message that is not
-    an echo of another process's failure (with many ranks, the peers of the rank that failed
-    report only that it went away). None if the log holds no exception."""
+    """The error that ended a trainer, from its log: the first exception message ending a
+    traceback that is not an echo of another process's failure (with many ranks, the peers
+    of the rank that failed report only that it went away). A line that merely reads like
+    one (a script's own log) does not count before a traceback of its process began. None
+    if the log holds no exception."""
+    in_traceback: set[str] = set()       # the rank prefixes ("" for none) that printed one
     for line in lines:
-        found = _ERROR_LINE.match(line.strip())
-        if found and not _ECHO.search(found.group(1)):
-            return found.group(1)[:300]
+        line = line.strip()
+        header = _TRACEBACK.match(line)
+        if header:
+            in_traceback.add(header.group(1) or "")
+            continue
+        found = _ERROR_LINE.match(line)
+        if (found and (found.group(1) or "") in in_traceback
+                and not _ECHO.search(found.group(2))):
+            return found.group(2)[:600]
     return None
 
 

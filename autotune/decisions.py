@@ -28,6 +28,7 @@ Outcomes (docs/DESIGN.md, "Rules of time-to-accuracy"):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,7 +44,7 @@ from .pruners import TimeToAccuracyPruner
 
 __all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "classify", "curve_row",
            "elapsed_of", "eval_reply", "eval_writes", "optuna_state", "start_reply",
-           "study_deadline", "tell", "tell_optuna_style", "tell_result"]
+           "study_deadline", "systematic_failure", "tell", "tell_optuna_style", "tell_result"]
 
 CONSTRAINT = "reach_target"
 # Failures the configuration causes (not the machine): recorded as complete but maximally
@@ -161,6 +162,39 @@ def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best
                            best_metric=best, evals=evals, detail=detail, summary=end)
     return TrialResult(number, {}, "censored", reason, value=float(end["elapsed_s"]),
                        best_metric=best, evals=evals, summary=end)
+
+
+# Failures that say nothing about a configuration: the trainer could not start, crashed,
+# hung, sent garbage or never finished its setup.
+_NOT_CONFIG = ("crashed", "hung", "launch_error", "bad_report", "setup_timeout")
+SYSTEMATIC_AFTER = 3
+
+
+def _cause(result: TrialResult) -> str:
+    """What a failure was, for comparing failures: its reason and the exception it names (or
+    its detail, numbers left out)."""
+    detail = result.detail.split(" (log: ", 1)[0]
+    named = re.search(r"\b((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))\b", detail)
+    return f"{result.reason}: {named.group(1) if named else re.sub(r'[0-9.]+', '#', detail)[:80]}"
+
+
+def systematic_failure(results: list[TrialResult],
+                       after: int = SYSTEMATIC_AFTER) -> str | None:
+    """Why a process should stop taking trials, or None: every trial it ran failed in a way
+    no configuration causes (``_NOT_CONFIG``), and its last ``after`` alike (the data, the
+    environment or the training script, not the parameters, is at fault). Once any trial has
+    trained, a failure is a trial's own, as before."""
+    if len(results) < after or any(r.outcome != "failed" or r.reason not in _NOT_CONFIG
+                                   for r in results):
+        return None
+    last = results[-after:]
+    if len({_cause(r) for r in last}) != 1:
+        return None
+    numbers = ", ".join(str(r.number) for r in last)
+    return (f"trials {numbers} all failed alike ({last[-1].reason}: {last[-1].detail[:700]}); "
+            "no configuration causes that, so no more trials are started "
+            "until it is fixed: fix it, then resume the study with the same command (the "
+            "failed trials stay recorded)")
 
 
 def elapsed_of(trial: Any) -> float | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["AutotuneError", "ConfigError", "PlanError", "SpaceError", "LaunchError"]
+__all__ = ["AutotuneError", "ConfigError", "PlanError", "SpaceError", "LaunchError",
+           "StudyFailing"]
 
 
 class AutotuneError(Exception):
@@ -34,6 +35,11 @@ class PlanError(AutotuneError):
 
 class LaunchError(AutotuneError):
     """A trainer could not be started."""
+
+
+class StudyFailing(AutotuneError):
+    """Every trial a process ran failed alike, in a way no configuration causes
+    (``decisions.systematic_failure``): it stops taking trials until that is fixed."""
 
 
 class Terminated(KeyboardInterrupt):

@@ -24,7 +24,8 @@ from ._study_setup import check_resumed_config, prepare
 from .config import StudyConfig, redact
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
 from .db import utcnow
-from .errors import Stopped, Terminated
+from .decisions import TrialResult, systematic_failure
+from .errors import Stopped, StudyFailing, Terminated
 from .modes import make_pruner, make_sampler
 from .space import SearchSpace
 from .store import open_storage
@@ -73,44 +74,54 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
     if existing:
         echo(f"resuming study {cfg.study_name!r}: {done} finished trial(s) in "
              f"{redact(cfg.storage)}")
+    failing = None
     if todo == 0:
         echo(f"study {cfg.study_name!r} already has {done} finished trials; raise --n-trials "
              "to run more")
     elif cfg.workers == 0:
-        _wait_for_remote_workers(cfg, study, registry, storage, echo)
+        failing = _wait_for_remote_workers(cfg, study, registry, storage, echo)
     else:
         session = WorkerSession(registry, cfg.study_name, cfg.heartbeat_s,
                                 recover_with=None if is_server_url(cfg.storage)
                                 else storage)
         try:
-            _run_workers(cfg, space, size, tracker, study, storage, session, todo, echo)
+            failing = _run_workers(cfg, space, size, tracker, study, storage, session, todo,
+                                   echo)
         finally:
             session.close()
     code = summarize(cfg, study, tracker, echo)
     registry.close()
+    if failing:
+        raise StudyFailing(failing)
     return code
 
 
 def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: Any,
-                             storage: Any, echo: Print) -> None:
-    """No local worker: report trials as remote workers finish them, until the budget. With
-    a direct database URL this process also recovers the trials of workers that die (a
-    study server does that itself)."""
+                             storage: Any, echo: Print) -> str | None:
+    """No local worker: report trials as remote workers finish them, until the budget (or
+    until every trial finished since it started failed alike: ``systematic_failure``, whose
+    reason it returns). With a direct database URL this process also recovers the trials of
+    workers that die (a study server does that itself)."""
     stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
     direct = not is_server_url(cfg.storage)
     since = utcnow()
     echo(f"study {cfg.study_name!r} waits for workers: autotune worker --storage "
          f"{redact(cfg.storage)} --study {cfg.study_name}")
     shown: set[int] = {t.number for t in finished(study)}
+    results: list[TrialResult] = []     # of the trials finished since it started
     pause, guard, due = min(2.0, cfg.heartbeat_s / 4), StallGuard(), None
     while stop_at is None or time.monotonic() < stop_at:
         ended = finished(study)
         for t in sorted(ended, key=lambda t: t.number):
             if t.number not in shown:
                 shown.add(t.number)
-                echo(format_result(result_of(t), cfg.target.metric))
+                results.append(result_of(t))
+                echo(format_result(results[-1], cfg.target.metric))
+        failing = systematic_failure(results)
+        if failing:
+            return failing
         if cfg.budget.n_trials is not None and len(ended) >= cfg.budget.n_trials:
-            return
+            return None
         if direct and guard.may_recover(time.monotonic(), due, stall_grace(cfg.heartbeat_s)):
             try:
                 with storage.patience(0):
@@ -123,11 +134,14 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
                     since = utcnow() + RECONNECT_GRACE
         due = time.monotonic() + pause
         time.sleep(pause)
+    return None
 
 
 def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Tracker,
                  study: optuna.Study, storage: Any, session: WorkerSession,
-                 todo: int | None, echo: Print) -> None:
+                 todo: int | None, echo: Print) -> str | None:
+    """Runs ``cfg.workers`` local workers until the budget; returns why they stopped early
+    when every trial they ran failed alike (``systematic_failure``), else None."""
     stop_at = None if cfg.budget.timeout_s is None else time.monotonic() + cfg.budget.timeout_s
     folder = tracker.folder
     runner = TrialRunner(cfg, space, size, run_dir=folder, tracker=tracker, stop_at=stop_at,
@@ -135,10 +149,12 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
     lock = threading.Lock()
     left = [todo]
     stopping: list[int] = []     # the first Ctrl-C or SIGTERM: checkpoint, then stop
+    results: list[TrialResult] = []
+    failing: list[str] = []      # every trial failed alike: start no more
 
     def take() -> bool:
         with lock:
-            if stopping:
+            if stopping or failing:
                 return False
             if stop_at is not None and time.monotonic() > stop_at:
                 return False
@@ -155,6 +171,10 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
                 result = runner.run(study)
                 with lock:
                     echo(format_result(result, cfg.target.metric))
+                    results.append(result)
+                    why = systematic_failure(results)
+                    if why and not failing:
+                        failing.append(why)
         finally:
             runner.close()   # this thread's warm trainer ranks leave
 
@@ -193,3 +213,4 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
         echo(f"study {cfg.study_name!r}: timeout_s ({cfg.budget.timeout_s:g} s) reached; "
              + (f"trial(s) {', '.join(map(str, cut))} were stopped at it (study_timeout)"
                 if cut else "no trial was running past it"))
+    return failing[0] if failing else None

@@ -22,7 +22,8 @@ from ._console import format_result, quiet_libraries
 from ._preflight import check_ranks, check_writable
 from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
-from .errors import ConfigError
+from .decisions import TrialResult, systematic_failure
+from .errors import ConfigError, StudyFailing
 from .modes import make_pruner, make_sampler
 from .programs import check_allowed
 from .space import SearchSpace
@@ -112,14 +113,20 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
 
     signal.signal(signal.SIGTERM, on_sigterm)
     echo(f"worker {name} joined study {study_name!r} ({redact(storage_url)})")
+    results: list[TrialResult] = []
+    failing = None
     try:
-        while not stopping and _budget_left(study, cfg):
-            echo(format_result(runner.run(study), cfg.target.metric))
+        while not stopping and not failing and _budget_left(study, cfg):
+            results.append(runner.run(study))
+            echo(format_result(results[-1], cfg.target.metric))
+            failing = systematic_failure(results)
     finally:
         runner.close()
         tracker.close(timeout_s=60)
         session.close()
         registry.close()
+    if failing:
+        raise StudyFailing(f"worker {name}: {failing}")
     why = "stopped by SIGTERM" if stopping else "the study's budget is spent"
     echo(f"worker {name}: {why}")
     return 0

@@ -186,7 +186,8 @@ def test_a_worker_refuses_a_program_outside_trainers_whatever_the_stored_config_
 
 
 def test_a_crashed_trainer_is_described_by_its_first_error_not_its_peers_echoes():
-    log = ["[rank1]: Traceback (most recent call last):",
+    log = ["ValueError: retrying the download (a script's own log line, no traceback)",
+           "[rank1]: Traceback (most recent call last):",
            "[rank1]:   File \"train.py\", line 3, in <module>",
            "[rank1]: OSError: Caught OSError in DataLoader worker process 0.",
            "[rank1]: Original Traceback (most recent call last):",
@@ -195,6 +196,32 @@ def test_a_crashed_trainer_is_described_by_its_first_error_not_its_peers_echoes(
            "subprocess.CalledProcessError: Command '['python', 'train.py']' returned non-zero "
            "exit status 1."]
     assert first_error(log) == "OSError: image file is truncated (12 bytes not processed)"
-    assert first_error(["[rank0]: torch.OutOfMemoryError: CUDA out of memory."]) == \
+    assert first_error(["[rank0]: Traceback (most recent call last):",
+                        "[rank0]: torch.OutOfMemoryError: CUDA out of memory."]) == \
         "torch.OutOfMemoryError: CUDA out of memory."
-    assert first_error(["[rank0]: RuntimeError: Connection reset by peer", "just text"]) is None
+    assert first_error(["Traceback (most recent call last):", "  File \"t.py\", line 1",
+                        "RuntimeError: Connection reset by peer", "just text"]) is None
+
+
+def test_a_process_stops_taking_trials_once_every_one_failed_alike_for_no_configurations_sake():
+    from autotune.decisions import systematic_failure
+
+    def failed(number, reason="crashed", error="ValueError: ImageFolder /d: 23 of the 56"):
+        return TrialResult(number, {"lr": number}, "failed", reason,
+                           detail=f"trainer exited with code 1: {error} (log: /r/trial-{number})")
+
+    same = [failed(0), failed(1, error="ValueError: ImageFolder /d: 25 of the 60"), failed(2)]
+    why = systematic_failure(same)
+    assert why and why.startswith("trials 0, 1, 2 all failed alike (crashed: trainer exited")
+    assert "resume the study" in why
+    assert systematic_failure(same[:2]) is None                         # too few to tell
+    assert systematic_failure([*same[:2], failed(2, error="KeyError: 'x'")]) is None
+    assert systematic_failure([*same[:2], failed(2, "launch_error")]) is None   # not alike
+    trained = TrialResult(5, {}, "censored", "bound", value=3.0)
+    assert systematic_failure([trained, *same]) is None   # the data trained once: a trial's own
+    oom = TrialResult(3, {}, "failed", "oom", value=1.0)
+    assert systematic_failure([oom, *same]) is None       # a configuration's failure
+    timeouts = [TrialResult(i, {}, "failed", "setup_timeout",
+                            detail=f"the trainer did not finish setting up within {60 + i} s")
+                for i in range(3)]
+    assert systematic_failure(timeouts)                   # numbers aside, alike

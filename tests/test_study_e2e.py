@@ -161,6 +161,30 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     assert f"unreadable image {val / '0.JPEG'} " in log and "._2.JPEG" not in log
 
 
+def test_a_study_whose_every_trial_fails_alike_stops_after_three_and_says_why(tmp_path):
+    # A tree where a whole class is web pages saved as .JPEG: no configuration can train on it.
+    _tinted_tree(tmp_path / "my_images", classes=3, per_class=40, val=8)
+    for image in (tmp_path / "my_images" / "train" / "class_2").iterdir():
+        image.write_text("<html>403 Forbidden</html>")
+    (tmp_path / "study.yaml").write_text(
+        "study_name: broken\n"
+        "trainer:\n"
+        "  data: {kind: imagefolder, path: my_images, image_size: 16, loader_workers: 0}\n"
+        "target: {metric: top1, value: 0.9}\n"
+        "budget: {n_trials: 8, max_trial_s: 30}\n")
+    result = run_cli("start", "study", "study.yaml", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    error = result.stderr.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("autotune: error: trials 0, 1, 2 all failed "
+                                                   "alike (crashed: trainer exited with code 1: "
+                                                   "ValueError: ImageFolder "), error
+    assert "could not be decoded" in error[0] and "resume the study" in error[0]
+    assert "3 trials (0 reached, 0 censored, 3 failed)" in result.stdout   # summarized first
+    study = optuna.load_study(study_name="broken",
+                              storage=f"sqlite:///{tmp_path / 'autotune.db'}")
+    assert [t.state.name for t in study.trials] == ["FAIL"] * 3
+
+
 @pytest.mark.slow    # half a minute; the timeout's reply and record are unit-tested
 def test_a_study_keeps_its_timeout_and_says_which_trial_it_stopped(tmp_path):
     """timeout_s is kept between evaluations: the running trial is stopped at the study's

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -186,7 +187,8 @@ class _Sized(torch.utils.data.Dataset[Batch]):
         try:
             return prepare(self._decode(index)), label, None
         except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
-            problem = (path, " ".join(f"{type(e).__name__}: {e}".split())[:200])
+            said = re.sub(r" <_io\.\w+ name=.*?>", "", str(e))   # PIL repeats the path
+            problem = (path, " ".join(f"{type(e).__name__}: {said}".split())[:200])
         if self.replace:
             samples = self.folder.samples
             for step in (d for k in range(1, _NEIGHBOURS + 1) for d in (k, -k)):
