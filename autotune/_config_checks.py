@@ -21,7 +21,7 @@ _DEVICES = ("cpu", "cuda")
 DATA_KEYS = {"digits": ("kind", "image_size", "augment"),
              "synthetic": ("kind", "image_size", "num_classes", "train_images", "val_images"),
              "imagefolder": ("kind", "path", "image_size", "eval_size", "loader_workers",
-                             "augment")}
+                             "augment", "val_split")}
 # (low, high) of each whole-number key of trainer.data.
 _DATA_RANGES = {"image_size": (8, 4096), "eval_size": (8, 4096), "num_classes": (2, 100_000),
                 "train_images": (1, 10**9), "val_images": (1, 10**9), "loader_workers": (0, 64)}
@@ -44,12 +44,17 @@ def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             found.append((f"trainer.data.{key}", f"must be a whole number from {low} to "
                           f"{high}, got {value!r}"))
+    split = data.get("val_split")
+    if "val_split" in data and (isinstance(split, bool) or not isinstance(split, (int, float))
+                                or not 0 < split < 1):
+        found.append(("trainer.data.val_split", f"must be a share between 0 and 1 (0.1 holds "
+                      f"out 10% of each class for validation), got {split!r}"))
     if "augment" in data and data["augment"] not in AUGMENTATIONS:
         found.append(("trainer.data.augment", f"{data['augment']!r} is not allowed; use one of "
                       f"{', '.join(AUGMENTATIONS)} (a search space may also search augment)"))
     if kind == "imagefolder" and not (isinstance(data.get("path"), str) and data["path"]):
         found.append(("trainer.data.path", "must name the ImageFolder root (with train/ and "
-                      "val/) when kind is imagefolder"))
+                      "val/, or class folders and val_split) when kind is imagefolder"))
     return found
 
 

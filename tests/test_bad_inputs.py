@@ -47,7 +47,7 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "imagefolder path not text": ("trainer: {data: {kind: imagefolder, path: 5}}\n",
                                   "must name the ImageFolder root"),
     "imagefolder missing": ("trainer: {data: {kind: imagefolder, path: /nonexistent}}\n",
-                            "missing train/"),
+                            "/nonexistent is not a folder"),
     "imagefolder negative workers": (
         "trainer: {data: {kind: imagefolder, path: imgs, loader_workers: -1}}\n",
         "loader_workers must be a whole number from 0 to 64"),
@@ -64,6 +64,23 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
         "train: 1 class folder(s) hold no images (a)"),
     "imagefolder one class": ("trainer: {data: {kind: imagefolder, path: oneclass}}\n",
                               "needs at least 2"),
+    "imagefolder val_split zero": (
+        "trainer: {data: {kind: imagefolder, path: flat, val_split: 0}}\n",
+        "val_split must be a share between 0 and 1"),
+    "imagefolder val_split percent": (
+        "trainer: {data: {kind: imagefolder, path: flat, val_split: 10}}\n",
+        "val_split must be a share between 0 and 1 (0.1 holds out 10% of each class"),
+    "imagefolder val_split text": (
+        "trainer: {data: {kind: imagefolder, path: flat, val_split: ten}}\n", "got 'ten'"),
+    "imagefolder val_split on a split tree": (
+        "trainer: {data: {kind: imagefolder, path: imgs, val_split: 0.1}}\n",
+        "has train/ and val/ already; val_split holds out a share of a tree of class folders"),
+    "imagefolder flat tree without val_split": (
+        "trainer: {data: {kind: imagefolder, path: flat}}\n",
+        "it holds 2 folder(s) (a, b): if those are the classes, add val_split: 0.1"),
+    "imagefolder val_split, a class of one image": (
+        "trainer: {data: {kind: imagefolder, path: flatone, val_split: 0.2}}\n",
+        "1 class folder(s) hold fewer than 2 images (one trains, one validates) (b)"),
     "imagefolder val missing": ("trainer: {data: {kind: imagefolder, path: noval}}\n",
                                 "missing val/"),
     "device cuda without a GPU": ("device: cuda\n", "no CUDA GPU"),
@@ -197,6 +214,12 @@ def _lay_out(folder: Path) -> None:
     _images(folder / "oneclass", {"a": 2}, {"a": 1})
     _images(folder / "noval", {"a": 1, "b": 1}, {})
     (folder / "noval" / "val").rmdir()
+    for name, counts in (("flat", {"a": 3, "b": 3}), ("flatone", {"a": 3, "b": 1})):
+        _images(folder / name, counts, {})       # class folders right under the root
+        (folder / name / "val").rmdir()
+        for c in counts:
+            (folder / name / "train" / c).rename(folder / name / c)
+        (folder / name / "train").rmdir()
 
 
 def _snapshot(folder: Path) -> set[str]:

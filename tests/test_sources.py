@@ -62,7 +62,7 @@ def test_a_resumed_epoch_skips_what_it_already_trained():
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ({"kind": "imagefolder", "path": "/nonexistent"}, "missing train/"),
+    ({"kind": "imagefolder", "path": "/nonexistent"}, "/nonexistent is not a folder"),
     ({"kind": "parquet"}, "unknown data kind 'parquet'"),
 ])
 def test_bad_data_specs_say_what_is_expected(spec, message):
@@ -177,3 +177,29 @@ def test_tif_and_pgm_trees_are_counted_as_imagefolder_reads_them(tmp_path):
             Image.new("L", (8, 8)).save(tmp_path / split / c / "y.pgm")
     spec = {"kind": "imagefolder", "path": str(tmp_path), "image_size": 8, "loader_workers": 0}
     assert train_size(spec) == 4 == open_source(spec, on_gpu=False).train_len
+
+
+def test_a_tree_of_class_folders_is_split_by_val_split_the_same_way_every_time(tmp_path):
+    from PIL import Image
+
+    from trainers.sources import num_classes, read_layout
+
+    for c, n in (("cat", 20), ("dog", 9)):
+        (tmp_path / c).mkdir()
+        for i in range(n):
+            Image.new("RGB", (8, 8), (i * 10, 0, 0)).save(tmp_path / c / f"{c}{i}.jpg")
+    (tmp_path / ".ipynb_checkpoints").mkdir()          # a notebook's folder: not a class
+    spec = {"kind": "imagefolder", "path": str(tmp_path), "image_size": 8, "loader_workers": 0,
+            "val_split": 0.2}
+    assert train_size(spec) == 16 + 7 and num_classes(spec) == 2
+    source = open_source(spec, on_gpu=False)
+    assert (source.train_len, source.val_len, source.num_classes) == (23, 6, 2)
+    layout = read_layout(spec)
+    val = {p for p, _ in layout.val}
+    assert {p for p, _ in read_layout(spec).val} == val              # the same every time
+    assert not val & {p for p, _ in layout.train}                    # never both
+    assert sorted(i for _, i in layout.val) == [0, 0, 0, 0, 1, 1]    # 20% of each, rounded up
+    Image.new("RGB", (8, 8)).save(tmp_path / "cat" / "cat_new.jpg")  # a file added later
+    assert len(val - {p for p, _ in read_layout(spec).val}) <= 1     # moves at most one
+    xs = [x for x, _ in source.eval_batches(0, 1, 4)]
+    assert sum(len(x) for x in xs) == 6

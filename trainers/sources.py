@@ -16,6 +16,7 @@ new processes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -226,16 +227,13 @@ class ImageFolderSource(Source):
     """
 
     def __init__(self, spec: dict[str, Any], on_gpu: bool) -> None:
-        from torchvision import datasets
-
         root = Path(spec["path"])
         self.size = int(spec.get("image_size", 224))
         self.eval_size = int(spec.get("eval_size", self.size))
-        self.train = datasets.ImageFolder(str(root / "train"), is_valid_file=_is_image)
-        self.val = datasets.ImageFolder(str(root / "val"), is_valid_file=_is_image)
-        if self.train.classes != self.val.classes:
-            raise ValueError(f"{root}: train/ and val/ must hold the same class folders")
-        self.num_classes = len(self.train.classes)
+        layout = read_layout(spec)
+        self.train, self.val = _Folder(layout.train, layout.classes), _Folder(layout.val,
+                                                                            layout.classes)
+        self.num_classes = len(layout.classes)
         self.train_len, self.val_len = len(self.train), len(self.val)
         self.workers = int(spec.get("loader_workers", min(4, os.cpu_count() or 1)))
         self.pin = on_gpu
@@ -307,35 +305,119 @@ class ImageFolderSource(Source):
         self._loaders.clear()
 
 
-def _count_images(folder: Path) -> int:
-    return sum(1 for _, _, files in os.walk(folder, followlinks=True)  # as ImageFolder walks
-               for name in files if _is_image(name))
+class _Folder:
+    """One part of an ImageFolder tree: ``samples`` (path, class index) and the classes, read
+    with torchvision's image loader (PIL, converted to RGB)."""
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str]) -> None:
+        self.samples, self.classes = samples, classes
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @staticmethod
+    def loader(path: str) -> Any:
+        from torchvision.datasets.folder import default_loader
+
+        return default_loader(path)
 
 
-def check_layout(root: Path) -> None:
-    """A one-line ValueError unless ``root`` is an ImageFolder tree a trainer can read: class
-    folders in train/, the same ones in val/, and images in every one of them."""
-    classes = {}
-    for part in ("train", "val"):
-        classes[part] = sorted(p.name for p in (root / part).iterdir() if p.is_dir())
-        if not classes[part]:
-            raise ValueError(f"ImageFolder {root}/{part} has no class folders (expected "
-                             f"{root}/{part}/<class>/*.JPEG)")
-    if classes["train"] != classes["val"]:
-        only_train = sorted(set(classes["train"]) - set(classes["val"]))
-        only_val = sorted(set(classes["val"]) - set(classes["train"]))
-        raise ValueError(f"ImageFolder {root}: train/ and val/ must hold the same class folders"
-                         f"; only in train/: {', '.join(only_train[:5]) or 'none'}; only in "
-                         f"val/: {', '.join(only_val[:5]) or 'none'}")
-    if len(classes["train"]) < 2:
-        raise ValueError(f"ImageFolder {root} has one class ({classes['train'][0]}); a "
-                         "classifier needs at least 2")
-    for part in ("train", "val"):
-        empty = [c for c in classes[part] if _count_images(root / part / c) == 0]
+class Layout:
+    """An ImageFolder tree's classes and its training and validation images (path, class
+    index), listed without decoding any."""
+
+    def __init__(self, classes: list[str], train: list[tuple[str, int]],
+                 val: list[tuple[str, int]]) -> None:
+        self.classes, self.train, self.val = classes, train, val
+
+
+def _class_folders(folder: Path) -> list[str]:
+    """The class folders of ``folder``, sorted; hidden ones (``.ipynb_checkpoints``) are not
+    classes."""
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _images(folder: Path) -> list[str]:
+    """The images under ``folder``, in the order torchvision's ImageFolder lists them."""
+    return [os.path.join(top, name)
+            for top, _, files in sorted(os.walk(folder, followlinks=True))
+            for name in sorted(files) if _is_image(name)]
+
+
+def _held_out(paths: list[str], share: float) -> set[str]:
+    """The ``share`` of ``paths`` (rounded up; at least one, and one left to train on) that
+    validation gets: those whose names hash lowest, so the same files every time, on every
+    machine, and a file added later moves at most one other."""
+    import hashlib
+
+    k = min(max(1, math.ceil(share * len(paths))), len(paths) - 1)
+    ranked = sorted(paths, key=lambda p: hashlib.sha1(os.path.basename(p).encode()).digest())
+    return set(ranked[:k])
+
+
+def _allowed() -> str:
+    return ", ".join(sorted(_EXTENSIONS))
+
+
+def read_layout(spec: dict[str, Any]) -> Layout:
+    """The layout of the ImageFolder tree ``spec`` names, or a one-line ValueError saying what
+    is wrong with it: ``path/train/<class>/*`` and ``path/val/<class>/*`` with the same class
+    folders; or, with ``val_split``, ``path/<class>/*``, each class's ``val_split`` share held
+    out for validation (:func:`_held_out`). At least 2 classes, images in every one."""
+    root = Path(str(spec.get("path", "")))
+    share = spec.get("val_split")
+    if not root.is_dir():
+        raise ValueError(f"ImageFolder {root} is not a folder; give the root of a tree of class "
+                         f"folders ({root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG)")
+    split = (root / "train").is_dir() or (root / "val").is_dir()
+    if share is not None:
+        if split:
+            raise ValueError(f"ImageFolder {root} has train/ and val/ already; val_split holds "
+                             "out a share of a tree of class folders only: drop val_split")
+        classes = _class_folders(root)
+        parts: dict[str, list[list[str]]] = {"": [_images(root / c) for c in classes]}
+    else:
+        for part in ("train", "val"):
+            if not (root / part).is_dir():
+                found = _class_folders(root)
+                hint = (f"; it holds {len(found)} folder(s) ({', '.join(found[:3])}"
+                        f"{', ...' if len(found) > 3 else ''}): if those are the classes, add "
+                        "val_split: 0.1 to trainer.data to hold out 10% of each for validation"
+                        if found else "")
+                raise ValueError(f"ImageFolder {root}: missing {part}/ (expected {root}/train/"
+                                 f"<class>/*.JPEG and {root}/val/<class>/*.JPEG){hint}")
+        train_classes, classes = _class_folders(root / "train"), _class_folders(root / "val")
+        if train_classes != classes:
+            only_train = sorted(set(train_classes) - set(classes))
+            only_val = sorted(set(classes) - set(train_classes))
+            raise ValueError(f"ImageFolder {root}: train/ and val/ must hold the same class "
+                             f"folders; only in train/: {', '.join(only_train[:5]) or 'none'}; "
+                             f"only in val/: {', '.join(only_val[:5]) or 'none'}")
+        parts = {part: [_images(root / part / c) for c in classes] for part in ("train", "val")}
+    where = "" if share is not None else "train/"
+    if not classes:
+        raise ValueError(f"ImageFolder {root}/{where} has no class folders (expected "
+                         f"{root}/{where}<class>/*.JPEG)")
+    if len(classes) < 2:
+        raise ValueError(f"ImageFolder {root} has one class ({classes[0]}); a classifier needs "
+                         "at least 2")
+    for part, lists in parts.items():
+        few = 2 if share is not None else 1       # a split class needs one image each side
+        empty = [c for c, files in zip(classes, lists, strict=True) if len(files) < few]
         if empty:
-            raise ValueError(f"ImageFolder {root}/{part}: {len(empty)} class folder(s) hold no "
-                             f"images ({', '.join(empty[:5])}); allowed: "
-                             f"{', '.join(sorted(_EXTENSIONS))}")
+            what = "fewer than 2 images (one trains, one validates)" if few == 2 else "no images"
+            raise ValueError(f"ImageFolder {root / part}: {len(empty)} class folder(s) hold "
+                             f"{what} ({', '.join(empty[:5])}); allowed: {_allowed()}")
+    if share is None:
+        return Layout(classes, *([(p, i) for i, files in enumerate(parts[part]) for p in files]
+                                 for part in ("train", "val")))
+    train: list[tuple[str, int]] = []
+    val: list[tuple[str, int]] = []
+    for i, files in enumerate(parts[""]):
+        held = _held_out(files, float(share))
+        for p in files:
+            (val if p in held else train).append((p, i))
+    return Layout(classes, train, val)
 
 
 def train_size(spec: dict[str, Any]) -> int:
@@ -346,13 +428,7 @@ def train_size(spec: dict[str, Any]) -> int:
     if kind == "synthetic":
         return int(spec.get("train_images", 512))
     if kind == "imagefolder":
-        root = Path(str(spec.get("path", "")))
-        for part in ("train", "val"):
-            if not (root / part).is_dir():
-                raise ValueError(f"ImageFolder {root}: missing {part}/ (expected {root}/train/"
-                                 f"<class>/*.JPEG and {root}/val/<class>/*.JPEG)")
-        check_layout(root)
-        return _count_images(root / "train")
+        return len(read_layout(spec).train)
     raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")
 
 
@@ -365,7 +441,8 @@ def num_classes(spec: dict[str, Any]) -> int:
     """Number of classes of ``spec``, without decoding any image."""
     kind = spec.get("kind", "digits")
     if kind == "imagefolder":
-        return sum(1 for p in (Path(str(spec["path"])) / "train").iterdir() if p.is_dir())
+        root = Path(str(spec["path"]))
+        return len(_class_folders(root if spec.get("val_split") is not None else root / "train"))
     if kind == "synthetic":
         return int(spec.get("num_classes", 1000))
     return 10
