@@ -203,3 +203,31 @@ def test_a_tree_of_class_folders_is_split_by_val_split_the_same_way_every_time(t
     assert len(val - {p for p, _ in read_layout(spec).val}) <= 1     # moves at most one
     xs = [x for x, _ in source.eval_batches(0, 1, 4)]
     assert sum(len(x) for x in xs) == 6
+
+
+def test_a_large_jpeg_is_decoded_at_a_reduced_scale_that_keeps_the_pixels_its_transform_uses(
+        tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from trainers.augment import eval_transform
+    from trainers.sources import open_image
+
+    h, w = 1200, 1600                     # a photo: smooth shapes and a little noise
+    yy, xx = np.mgrid[0:h, 0:w]
+    pixels = np.stack([(xx * 255 // w), (yy * 255 // h), ((xx + yy) // 7 % 256)], -1)
+    pixels = (pixels + np.random.default_rng(0).integers(0, 8, pixels.shape)).clip(0, 255)
+    Image.fromarray(pixels.astype("uint8")).save(tmp_path / "photo.jpg", quality=90)
+    Image.fromarray(pixels[..., 0].astype("uint8"), "L").save(tmp_path / "gray.jpg")
+    Image.new("CMYK", (900, 700), (10, 200, 30, 0)).save(tmp_path / "print.jpg")
+    Image.fromarray(pixels.astype("uint8")).save(tmp_path / "photo.png")
+
+    full, reduced = open_image(str(tmp_path / "photo.jpg")), open_image(
+        str(tmp_path / "photo.jpg"), 250)
+    assert full.size == (1600, 1200) and reduced.size == (400, 300)   # 1/4: 300 >= 250
+    prepare = eval_transform("none", 100)
+    assert (prepare(full) - prepare(reduced)).abs().mean() < 0.05    # what training sees
+    for name in ("gray.jpg", "print.jpg"):
+        image = open_image(str(tmp_path / name), 100)
+        assert image.mode == "RGB" and min(image.size) >= 100
+    assert open_image(str(tmp_path / "photo.png"), 100).size == (1600, 1200)  # JPEG only
