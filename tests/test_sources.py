@@ -231,3 +231,19 @@ def test_a_large_jpeg_is_decoded_at_a_reduced_scale_that_keeps_the_pixels_its_tr
         image = open_image(str(tmp_path / name), 100)
         assert image.mode == "RGB" and min(image.size) >= 100
     assert open_image(str(tmp_path / "photo.png"), 100).size == (1600, 1200)  # JPEG only
+
+
+def test_16_bit_and_floating_point_images_keep_their_contrast(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from trainers.sources import open_image
+
+    ramp = np.linspace(0, 1, 64 * 64).reshape(64, 64)
+    Image.fromarray((ramp * 65535).astype(np.uint16)).save(tmp_path / "scan.png")   # I;16
+    Image.fromarray(ramp.astype(np.float32)).save(tmp_path / "map.tif")              # F
+    for name in ("scan.png", "map.tif"):
+        pixels = np.asarray(open_image(str(tmp_path / name)), dtype=np.float64)
+        assert pixels.shape == (64, 64, 3)
+        # PIL alone clips these to white (16-bit) or black (float): mean 254.5 or 0.0002
+        assert abs(pixels.mean() - 127.5) < 1 and pixels.min() == 0 and pixels.max() == 255

@@ -323,7 +323,31 @@ def open_image(path: str, least: int = 0) -> Any:
         image = Image.open(f)
         if least and image.format == "JPEG":
             image.draft("RGB", (least, least))
+        if image.mode in _DEEP_MODES:
+            image = _to_8_bits(image)
         return image.convert("RGB")
+
+
+# Integer and floating-point images deeper than 8 bits (16-bit PNG and TIFF, as microscopes,
+# X-ray and thermal cameras write them): PIL's own conversion to RGB clips them to 255 or 1,
+# leaving a white or black image.
+_DEEP_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def _to_8_bits(image: Any) -> Any:
+    """A grayscale 8-bit copy of a 16-bit (or 32-bit integer) image, each value x 255 / 65535;
+    of a floating-point one, its [0, 1] range (or [0, 255] when it holds larger values)
+    x 255 / 1 (or as it is), clipped."""
+    import numpy as np
+    from PIL import Image
+
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode == "F":
+        top = np.nanmax(values) if values.size else 0.0
+        values = values * (255.0 if top <= 1.0 else 1.0)
+    else:
+        values = values * (255.0 / 65535.0)
+    return Image.fromarray(np.nan_to_num(values).clip(0, 255).round().astype(np.uint8), "L")
 
 
 class _Folder:
