@@ -184,6 +184,7 @@ def systematic_failure(results: list[TrialResult],
     no configuration causes (``_NOT_CONFIG``), and its last ``after`` alike (the data, the
     environment or the training script, not the parameters, is at fault). Once any trial has
     trained, a failure is a trial's own, as before."""
+    results = [r for r in results if r.outcome != "infeasible"]   # never trained: no sign
     if len(results) < after or any(r.outcome != "failed" or r.reason not in _NOT_CONFIG
                                    for r in results):
         return None

@@ -225,3 +225,5 @@ def test_a_process_stops_taking_trials_once_every_one_failed_alike_for_no_config
                             detail=f"the trainer did not finish setting up within {60 + i} s")
                 for i in range(3)]
     assert systematic_failure(timeouts)                   # numbers aside, alike
+    infeasible = TrialResult(4, {}, "infeasible", "constraint")
+    assert systematic_failure([infeasible, *same])        # a point never trained says nothing
