@@ -74,7 +74,7 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
         "trainer: {data: {kind: imagefolder, path: flat, val_split: ten}}\n", "got 'ten'"),
     "imagefolder val_split on a split tree": (
         "trainer: {data: {kind: imagefolder, path: imgs, val_split: 0.1}}\n",
-        "has train/ and val/ already; val_split holds out a share of a tree of class folders"),
+        "has val/ already; val_split holds out a share of the training images only where"),
     "imagefolder flat tree without val_split": (
         "trainer: {data: {kind: imagefolder, path: flat}}\n",
         "it holds 2 folder(s) (a, b): if those are the classes, add val_split: 0.1"),
@@ -82,7 +82,8 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
         "trainer: {data: {kind: imagefolder, path: flatone, val_split: 0.2}}\n",
         "1 class folder(s) hold fewer than 2 images (one trains, one validates) (b)"),
     "imagefolder val missing": ("trainer: {data: {kind: imagefolder, path: noval}}\n",
-                                "missing val/"),
+                                "has train/ but no val/ (nor valid/ or validation/): add "
+                                "val_split: 0.1"),
     "device cuda without a GPU": ("device: cuda\n", "no CUDA GPU"),
     "device tpu": ("device: tpu\n", "'tpu' is not allowed; use one of cpu, cuda"),
     "ranks beyond the cores": ("ranks_per_trial: 1000\n", "1000 ranks, but this machine has"),

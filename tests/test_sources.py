@@ -247,3 +247,29 @@ def test_16_bit_and_floating_point_images_keep_their_contrast(tmp_path):
         assert pixels.shape == (64, 64, 3)
         # PIL alone clips these to white (16-bit) or black (float): mean 254.5 or 0.0002
         assert abs(pixels.mean() - 127.5) < 1 and pixels.min() == 0 and pixels.max() == 255
+
+
+def test_kaggle_layouts_valid_folders_and_a_train_folder_alone_are_read(tmp_path):
+    from trainers.sources import read_layout
+
+    kaggle = make_tree(tmp_path / "kaggle", classes=2, train=4, val=2)
+    (kaggle / "val").rename(kaggle / "valid")
+    (kaggle / "test").mkdir()                      # held out by its makers: never read
+    layout = read_layout({"kind": "imagefolder", "path": str(kaggle)})
+    assert (len(layout.train), len(layout.val)) == (8, 4)
+    assert all("/valid/" in p for p, _ in layout.val)
+
+    alone = make_tree(tmp_path / "alone", classes=2, train=10, val=1)
+    for c in (alone / "val").iterdir():
+        for f in c.iterdir():
+            f.unlink()
+        c.rmdir()
+    (alone / "val").rmdir()
+    (alone / "test").mkdir()
+    with pytest.raises(ValueError, match=r"has train/ but no val/ \(nor valid/ or validation/\) "
+                                         r"\(test/ is there: a test set is not for tuning\): "
+                                         r"add val_split: 0\.1"):
+        read_layout({"kind": "imagefolder", "path": str(alone)})
+    split = read_layout({"kind": "imagefolder", "path": str(alone), "val_split": 0.2})
+    assert (len(split.train), len(split.val)) == (16, 4)   # 2 of each class's 10 held out
+    assert all("/train/" in p for p, _ in split.val)

@@ -397,42 +397,69 @@ def _allowed() -> str:
     return ", ".join(sorted(_EXTENSIONS))
 
 
+# What a validation folder is called: ImageNet's val/, and the Kaggle and Roboflow names.
+_VAL_NAMES = ("val", "valid", "validation")
+
+
+def _val_folder(root: Path) -> Path | None:
+    return next((root / n for n in _VAL_NAMES if (root / n).is_dir()), None)
+
+
+def _class_root(root: Path, share: Any) -> Path:
+    """Where the class folders are: ``train/``, or with ``val_split`` the root itself when it
+    has no ``train/``."""
+    return root / "train" if share is None or (root / "train").is_dir() else root
+
+
 def read_layout(spec: dict[str, Any]) -> Layout:
     """The layout of the ImageFolder tree ``spec`` names, or a one-line ValueError saying what
-    is wrong with it: ``path/train/<class>/*`` and ``path/val/<class>/*`` with the same class
-    folders; or, with ``val_split``, ``path/<class>/*``, each class's ``val_split`` share held
-    out for validation (:func:`_held_out`). At least 2 classes, images in every one."""
+    is wrong with it: ``path/train/<class>/*`` and ``path/val/<class>/*`` (or ``valid/``,
+    ``validation/``) with the same class folders; or, with ``val_split``, ``path/<class>/*``
+    (or ``path/train/<class>/*`` alone), each class's ``val_split`` share held out for
+    validation (:func:`_held_out`). At least 2 classes, images in every one."""
     root = Path(str(spec.get("path", "")))
     share = spec.get("val_split")
     if not root.is_dir():
         raise ValueError(f"ImageFolder {root} is not a folder; give the root of a tree of class "
                          f"folders ({root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG)")
-    split = (root / "train").is_dir() or (root / "val").is_dir()
+    val_dir = _val_folder(root)
+    has_train = (root / "train").is_dir()
     if share is not None:
-        if split:
-            raise ValueError(f"ImageFolder {root} has train/ and val/ already; val_split holds "
-                             "out a share of a tree of class folders only: drop val_split")
-        classes = _class_folders(root)
-        parts: dict[str, list[list[str]]] = {"": [_images(root / c) for c in classes]}
+        if val_dir is not None:
+            raise ValueError(f"ImageFolder {root} has {val_dir.name}/ already; val_split "
+                             "holds out a share of the training images only where there is "
+                             "no validation folder: drop val_split, or the folder")
+        top = _class_root(root, share)
+        classes = _class_folders(top)
+        parts: dict[str, list[list[str]]] = {
+            "train" if has_train else "": [_images(top / c) for c in classes]}
     else:
-        for part in ("train", "val"):
-            if not (root / part).is_dir():
-                found = _class_folders(root)
-                hint = (f"; it holds {len(found)} folder(s) ({', '.join(found[:3])}"
-                        f"{', ...' if len(found) > 3 else ''}): if those are the classes, add "
-                        "val_split: 0.1 to trainer.data to hold out 10% of each for validation"
-                        if found else "")
-                raise ValueError(f"ImageFolder {root}: missing {part}/ (expected {root}/train/"
-                                 f"<class>/*.JPEG and {root}/val/<class>/*.JPEG){hint}")
-        train_classes, classes = _class_folders(root / "train"), _class_folders(root / "val")
+        expected = f"expected {root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG"
+        if not has_train:
+            found = _class_folders(root)
+            hint = (f"; it holds {len(found)} folder(s) ({', '.join(found[:3])}"
+                    f"{', ...' if len(found) > 3 else ''}): if those are the classes, add "
+                    "val_split: 0.1 to trainer.data to hold out 10% of each for validation"
+                    if found and val_dir is None else "")
+            raise ValueError(f"ImageFolder {root}: missing train/ ({expected}){hint}")
+        if val_dir is None:
+            test = " (test/ is there: a test set is not for tuning)" if (
+                root / "test").is_dir() else ""
+            raise ValueError(f"ImageFolder {root} has train/ but no val/ (nor valid/ or "
+                             f"validation/){test}: add val_split: 0.1 to trainer.data to hold "
+                             "out 10% of each training class for validation, or add "
+                             f"{root}/val/<class>/*.JPEG")
+        train_classes, classes = _class_folders(root / "train"), _class_folders(val_dir)
         if train_classes != classes:
             only_train = sorted(set(train_classes) - set(classes))
             only_val = sorted(set(classes) - set(train_classes))
-            raise ValueError(f"ImageFolder {root}: train/ and val/ must hold the same class "
-                             f"folders; only in train/: {', '.join(only_train[:5]) or 'none'}; "
-                             f"only in val/: {', '.join(only_val[:5]) or 'none'}")
-        parts = {part: [_images(root / part / c) for c in classes] for part in ("train", "val")}
-    where = "" if share is not None else "train/"
+            raise ValueError(f"ImageFolder {root}: train/ and {val_dir.name}/ must hold the same "
+                             "class folders; only in train/: "
+                             f"{', '.join(only_train[:5]) or 'none'}; only in {val_dir.name}/: "
+                             f"{', '.join(only_val[:5]) or 'none'}")
+        parts = {part: [_images(folder / c) for c in classes]
+                 for part, folder in (("train", root / "train"), (val_dir.name, val_dir))}
+    where = "train/" if has_train else ""
     if not classes:
         raise ValueError(f"ImageFolder {root}/{where} has no class folders (expected "
                          f"{root}/{where}<class>/*.JPEG)")
@@ -447,11 +474,11 @@ def read_layout(spec: dict[str, Any]) -> Layout:
             raise ValueError(f"ImageFolder {root / part}: {len(empty)} class folder(s) hold "
                              f"{what} ({', '.join(empty[:5])}); allowed: {_allowed()}")
     if share is None:
-        return Layout(classes, *([(p, i) for i, files in enumerate(parts[part]) for p in files]
-                                 for part in ("train", "val")))
+        return Layout(classes, *([(p, i) for i, files in enumerate(lists) for p in files]
+                                 for lists in parts.values()))
     train: list[tuple[str, int]] = []
     val: list[tuple[str, int]] = []
-    for i, files in enumerate(parts[""]):
+    for i, files in enumerate(next(iter(parts.values()))):
         held = _held_out(files, float(share))
         for p in files:
             (val if p in held else train).append((p, i))
@@ -479,8 +506,7 @@ def num_classes(spec: dict[str, Any]) -> int:
     """Number of classes of ``spec``, without decoding any image."""
     kind = spec.get("kind", "digits")
     if kind == "imagefolder":
-        root = Path(str(spec["path"]))
-        return len(_class_folders(root if spec.get("val_split") is not None else root / "train"))
+        return len(_class_folders(_class_root(Path(str(spec["path"])), spec.get("val_split"))))
     if kind == "synthetic":
         return int(spec.get("num_classes", 1000))
     return 10
