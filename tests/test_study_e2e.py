@@ -155,8 +155,8 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     assert [t.user_attrs["augment"] for t in study.trials] == ["none", "crop_flip"]
     assert {"distributed", "data", "model", "engine"} <= set(first.user_attrs["setup_phases"])
     # The two broken files are skipped and named, not fatal; the hidden one is not an image.
-    assert first.user_attrs["unreadable_images"] == 1       # rank 0's share of them
-    assert "1 unreadable image(s) skipped" in result.stdout
+    assert first.user_attrs["unreadable_images"] == 2       # one in each rank's share
+    assert "2 unreadable image(s) skipped" in result.stdout
     log = (tmp_path / "autotune-runs" / "my-images" / "trial-0" / "trainer.log").read_text()
     assert f"unreadable image {val / '0.JPEG'} " in log and "._2.JPEG" not in log
 

@@ -202,14 +202,27 @@ class Trainer:
             torch.save(self.engine.module.state_dict(), plan["save_model"])
         extra: dict[str, Any] = {"best_top1": trial.state["best"].get("top1", 0.0),
                                  "best_top5": trial.state["best"].get("top5", 0.0)}
-        skipped = getattr(self.source, "unreadable", None)   # files this rank could not read
+        skipped = self._unreadable()
         if skipped:
-            extra["unreadable_images"] = len(skipped)
+            extra["unreadable_images"] = skipped
         if self.noise is not None and self.noise.measurements:
             extra["noise_cost_s"] = self.noise.cost_s   # spent even before an estimate shows
             if self.noise.value:
                 extra["noise_scale"] = self.noise.value
         return trial.end(**extra)
+
+    def _unreadable(self) -> int:
+        """How many files the ranks could not decode and skipped, each counted once (a file
+        two ranks met in different epochs too). Every rank calls it at the same point: the
+        sources that skip files (ImageFolder's) are the same on every rank."""
+        skipped = getattr(self.source, "unreadable", None)
+        if skipped is None:
+            return 0
+        if self.world == 1:
+            return len(skipped)
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, sorted(skipped))
+        return len(set().union(*gathered))
 
     def _eval_fields(self) -> dict[str, Any]:
         """An evaluation's metrics and what goes with them in the report."""
