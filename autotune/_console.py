@@ -69,7 +69,8 @@ def result_of(trial: FrozenTrial) -> TrialResult:
                        str(attrs.get(record.STOP_REASON, "")), value=elapsed_of(trial),
                        best_metric=float(attrs.get(record.BEST_METRIC, 0.0)),
                        evals=len(attrs.get(record.CURVE, [])),
-                       detail=str(attrs.get(record.DETAIL, "")))
+                       detail=str(attrs.get(record.DETAIL, "")),
+                       summary={k: attrs[k] for k in (record.UNREADABLE,) if k in attrs})
 
 
 def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Print) -> int:

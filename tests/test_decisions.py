@@ -227,3 +227,13 @@ def test_a_process_stops_taking_trials_once_every_one_failed_alike_for_no_config
     assert systematic_failure(timeouts)                   # numbers aside, alike
     infeasible = TrialResult(4, {}, "infeasible", "constraint")
     assert systematic_failure([infeasible, *same])        # a point never trained says nothing
+
+
+def test_a_trial_line_printed_from_the_store_says_how_many_images_were_skipped():
+    from autotune._console import format_result, result_of
+
+    stored = create_trial(value=3.0, params={}, distributions={},
+                          user_attrs={"outcome": "reached", "stop_reason": "reached",
+                                      "elapsed_s": 3.0, "unreadable_images": 2})
+    line = format_result(result_of(stored), "top1")    # as start study --workers 0 prints it
+    assert line.endswith("(2 unreadable image(s) skipped: named in the trial's log)")
