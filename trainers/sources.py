@@ -229,6 +229,11 @@ class ImageFolderSource(Source):
     """
 
     def __init__(self, spec: dict[str, Any], on_gpu: bool) -> None:
+        # Imported here, once: the loader processes fork from this one and inherit them, where
+        # each would otherwise spend a second or more importing them at its first image.
+        import PIL.Image  # noqa: F401
+        import torchvision.transforms  # noqa: F401
+
         root = Path(spec["path"])
         self.size = int(spec.get("image_size", 224))
         self.eval_size = int(spec.get("eval_size", self.size))
