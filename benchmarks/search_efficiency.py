@@ -56,6 +56,7 @@ import random
 import statistics
 import sys
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,14 @@ def table_of(spec: str, target: float | None, metric: str = "top1") -> Table:
     return _TABLES[key]
 
 
+def _pool(jobs: int | None) -> ProcessPoolExecutor:
+    """Worker processes started fresh (spawn), not forked: a fork copies the caller's threads'
+    locks held mid-operation (a test runner's, a tracking client's) and its child can wait on
+    them forever; and a worker that dies breaks the pool at once instead of hanging it."""
+    return ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1,
+                               mp_context=multiprocessing.get_context("spawn"))
+
+
 def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ...], str]
                     ) -> Outcome:
     """One replayed study (in a pool worker)."""
@@ -251,11 +260,10 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
     if table.credit:
         print(f"  data: {table.credit}")
     spent_by: dict[str, list[float]] = {}
-    with multiprocessing.Pool(jobs) as pool:
+    with _pool(jobs) as pool:
         for method in methods:
-            outs = pool.map(_replay_outcome, [(spec, target, method, seed, workers, goals,
-                                               metric)
-                                              for seed in range(seeds)])
+            outs = list(pool.map(_replay_outcome, [(spec, target, method, seed, workers,
+                                                    goals, metric) for seed in range(seeds)]))
             # a study that never found the goal has no compute to it: infinite, so a method
             # that misses in half its studies has no finite median (not its cap's compute)
             spent_by[method] = [o.to_goal[goals[0]] if o.found[goals[0]] else math.inf
@@ -415,11 +423,11 @@ def paper(instances: list[str], seeds: int, jobs: int) -> None:
     print(f"YAHPO Gym LCBench, the paper's protocol: best val_accuracy of a full-length "
           f"configuration within {PAPER_BUDGET} epochs, {seeds} seeds; normalized regret "
           "(max - incumbent) / (max - min), the instance's global statistics")
-    with multiprocessing.Pool(jobs) as pool:
+    with _pool(jobs) as pool:
         for instance in instances:
             published = PAPER_REGRET.get(instance, {})
             for method in ("random", "hyperband", "tpe_median"):
-                runs = pool.map(_paper_run, [(instance, method, s) for s in range(seeds)])
+                runs = list(pool.map(_paper_run, [(instance, method, s) for s in range(seeds)]))
                 full = [r[0] for r in runs]
                 seen = [r[1] for r in runs]
                 paper_value = published.get(method)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import sys
@@ -12,11 +11,11 @@ import pytest
 
 from autotune.replay import Replay, load_table
 
+# compare's worker processes are started fresh and import the benchmark by name, from the
+# search path they inherit
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "search_efficiency.py"
-_spec = importlib.util.spec_from_file_location("search_efficiency", _PATH)
-se = importlib.util.module_from_spec(_spec)
-sys.modules["search_efficiency"] = se          # compare's worker processes unpickle from it
-_spec.loader.exec_module(se)
+sys.path.insert(0, str(_PATH.parent))
+import search_efficiency as se  # noqa: E402
 
 CONFIGS = [{"global_batch": 64 * (i + 1), "lr_per_256": 0.1, "warmup_epochs": 0.0,
             "decay": "cosine", "label_smoothing": 0.0, "epochs": 4} for i in range(3)]
