@@ -123,18 +123,54 @@ def test_an_opda_table_from_another_search_is_searched_over_what_it_holds(tmp_pa
     path = tmp_path / "other.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))   # NaN as JSON allows
     table = load_table(f"opda:{path}", 0.60)
-    assert set(table.space) == {"epochs", "batch_size", "lr", "lr_peak_share", "weight_decay"}
+    assert set(table.space) == {"epochs", "batch_size", "lr", "lr_peak_share"}
+    assert "weight_decay is 5e-05 in every run: not searched" in table.notes
+    assert "extra is not in every run: searched without it" in table.notes
     assert table.space["epochs"].low == 5 and table.space["epochs"].high == 300
     assert table.space["lr"].low == pytest.approx(1e-4) and table.space["lr"].log
     assert table.space["batch_size"].choices == (64, 256, 2048)
     nan, null = table.runs[4], table.runs[3]
     assert nan.end == "diverged" and len(nan.times) == 3
     assert null.end == "diverged" and len(null.times) == 10
-    assert table.train({"epochs": 6, "batch_size": 64, "lr": 1.2e-4, "lr_peak_share": 0.2,
-                        "weight_decay": 5e-5}) is table.runs[0]
+    assert table.train({"epochs": 6, "batch_size": 64, "lr": 1.2e-4,
+                        "lr_peak_share": 0.2}) is table.runs[0]
+    assert table.train({"epochs": 118, "batch_size": 2048, "lr": 2.5,
+                        "lr_peak_share": 0.2}) is nan
     outcome = Replay(table, "autotune", seed=0, max_trials=12, min_compute_factor=0.0).run()
-    reasons = {reason for reason, _, _ in outcome.spent}
-    assert outcome.trials == 12 and "reached" in reasons and "diverged" in reasons
+    assert outcome.trials == 12 and "reached" in {reason for reason, _, _ in outcome.spent}
+
+
+def test_an_opda_table_with_hyperparameters_of_its_own_searches_them_too(tmp_path):
+    """Another search's own knobs (a dropout drawn log-uniformly, an optimizer, a flag) are
+    searched as the runs show them; a run number and a key that holds lists are not."""
+    import random as _random
+    rng = _random.Random(3)
+    lines = []
+    for i in range(40):
+        line = _opda_line(i, 10 + i % 7, 256, 0.1 * (1 + i % 5), [0.1 + 0.06 * k
+                                                                  for k in range(10 + i % 7)],
+                          30.0 + i)
+        line.update(run_id=i + 1, dropout=10 ** rng.uniform(-4, -1),
+                    warmup=rng.uniform(0.0, 0.3), optimizer=rng.choice(["sgd", "lars"]),
+                    nesterov=rng.choice([True, False]), layers=rng.randint(2, 6),
+                    tags=["a", "b"])
+        lines.append(line)
+    path = tmp_path / "own.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    table = load_table(f"opda:{path}", 0.6)
+    assert {"dropout", "warmup", "optimizer", "nesterov", "layers"} <= set(table.space)
+    assert "run_id" not in table.space and "tags" not in table.space
+    assert "batch_size" not in table.space            # 256 in every run
+    assert table.space["dropout"].log and not table.space["warmup"].log
+    assert table.space["optimizer"].choices == ("lars", "sgd")
+    assert table.space["layers"].low == min(line["layers"] for line in lines)
+    assert any("run_id numbers the runs" in n for n in table.notes)
+    assert any("tags is not a number" in n for n in table.notes)
+    params = {k: v for k, v in lines[7].items() if k in table.space}
+    params["lr_peak_share"] = lines[7]["lr_peak_epoch"] / lines[7]["epochs"]
+    assert table.train(params) is table.runs[7]
+    outcome = Replay(table, "autotune", seed=0, max_trials=10, min_compute_factor=0.0).run()
+    assert outcome.trials == 10
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -196,6 +196,8 @@ def _opda_point(row: dict[str, Any], names: list[str]) -> dict[str, Any]:
     for name in names:
         if name == "lr_peak_share":
             point[name] = float(row["lr_peak_epoch"]) / float(row["epochs"])
+        elif name not in OPDA_SPACE:
+            point[name] = row[name]
         elif isinstance(OPDA_SPACE[name], IntDistribution) or name == "batch_size":
             point[name] = int(row[name])
         else:
@@ -204,21 +206,72 @@ def _opda_point(row: dict[str, Any], names: list[str]) -> dict[str, Any]:
 
 
 def _opda_space(points: list[dict[str, Any]], names: list[str]) -> dict[str, BaseDistribution]:
-    """opda's declared ranges, widened to cover every run's values; the table's batch sizes."""
+    """The ranges the table's runs cover: a table is searched where it holds runs (a proposal
+    outside them would only train the edge run again). opda's parameters keep their scale
+    (``OPDA_SPACE``); another number is searched on a log scale where its values look drawn
+    that way (``_looks_log``); a string or a flag is a choice among the values seen."""
     space: dict[str, BaseDistribution] = {}
     for name in names:
         values = [p[name] for p in points]
-        dist = OPDA_SPACE[name]
-        if isinstance(dist, CategoricalDistribution):
-            space[name] = CategoricalDistribution(sorted(set(values)))
-        elif isinstance(dist, IntDistribution):
-            space[name] = IntDistribution(min(dist.low, min(values)),
-                                          max(dist.high, max(values)))
-        elif isinstance(dist, FloatDistribution):
-            low = min(dist.low, min(values))
-            space[name] = FloatDistribution(low if low > 0 or not dist.log else dist.low,
-                                            max(dist.high, max(values)), log=dist.log)
+        dist = OPDA_SPACE.get(name)
+        if isinstance(dist, CategoricalDistribution) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            space[name] = CategoricalDistribution(sorted(
+                set(values), key=lambda v: (0, v, "") if _number(v) is not None else (1, 0,
+                                                                                     repr(v))))
+            continue
+        low, high = min(values), max(values)
+        log = dist.log if isinstance(dist, IntDistribution | FloatDistribution) \
+            else _looks_log(values)
+        if isinstance(dist, IntDistribution) or (dist is None and all(
+                isinstance(v, int) for v in values)):
+            space[name] = IntDistribution(int(low), int(high), log=log and low > 0)
+        else:
+            space[name] = FloatDistribution(float(low), float(high), log=log and low > 0)
     return space
+
+
+def _looks_log(values: list[float]) -> bool:
+    """Whether positive ``values`` sit evenly on a log scale rather than a linear one: their
+    median is nearer the middle of the range in log terms than in linear terms (a
+    log-uniform draw over 1e-6 - 1e-3 has its median at 0.5 of the log range, 0.03 of the
+    linear one; a uniform draw the other way round)."""
+    low, high = min(values), max(values)
+    if low <= 0 or high / low < 10:
+        return False
+    med = statistics.median(values)
+    linear = (med - low) / (high - low)
+    logged = math.log(med / low) / math.log(high / low)
+    return abs(logged - 0.5) < abs(linear - 0.5)
+
+
+# what an opda row holds besides hyperparameters; an id-like key is not searched
+_OPDA_OTHER = {"iteration", "nan_train_loss", "learning_curve", "id", "index", "seed", "trial",
+               "run"}
+
+
+def _opda_extras(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Hyperparameters a table holds beyond opda's own: keys every run has, numbers or a
+    handful of strings or flags. Returns them and notes on the keys left out."""
+    known = {"epochs", *_OPDA_PARAMS}
+    keys = [k for k in rows[0] if k not in known and k.lower() not in _OPDA_OTHER]
+    extras, notes = [], []
+    for key in keys:
+        if not all(key in row for row in rows):
+            continue                                       # noted with opda's own below
+        values = [row[key] for row in rows]
+        numbers = all(_number(v) is not None for v in values)
+        choices = all(isinstance(v, str | bool) for v in values)
+        distinct = {repr(v) for v in values}
+        if numbers and all(isinstance(v, int) for v in values) and \
+                sorted(values) == list(range(min(values), min(values) + len(values))):
+            notes.append(f"{key} numbers the runs 1 by 1: not searched")
+        elif numbers or (choices and len(distinct) <= 16):
+            extras.append(key)
+        else:
+            notes.append(f"{key} is not a number or one of a few choices in every run: "
+                         "not searched")
+    return extras, notes
 
 
 def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 1000) -> Table:
@@ -245,13 +298,26 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 100
                 raise TableError(f"{path}, line {number}: {key} must be a number, not "
                                  f"{row[key]!r:.40}")
     held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)]
-    names = ["epochs", *("lr_peak_share" if k == "lr_peak_epoch" else k for k in held)]
+    extras, notes = _opda_extras(rows)
+    names = ["epochs", *("lr_peak_share" if k == "lr_peak_epoch" else k for k in held),
+             *extras]
     points = [_opda_point(row, names) for row in rows]
     runs = [_opda_run(row, metric, f"{path}, line {number}")
             for number, row in enumerate(rows, start=1)]
+    fixed = [n for n in names if len({repr(p[n]) for p in points}) < 2]
+    if fixed and len(fixed) == len(names):
+        raise TableError(f"{path}: every run has the same hyperparameters; a table to search "
+                         "needs runs that differ")
+    notes += [f"{n} is {points[0][n]!r} in every run: not searched" for n in fixed]
+    names = [n for n in names if n not in fixed]
+    points = [{n: p[n] for n in names} for p in points]
     space = _opda_space(points, names)
-    notes = [f"{k} is not in every run: searched without it"
-             for k in _OPDA_PARAMS if k not in held and any(k in row for row in rows)]
+    notes += [f"{k} is not in every run: searched without it"
+              for k in {k: None for row in rows for k in row}
+              if k not in held and k not in _OPDA_NEEDED and k.lower() not in _OPDA_OTHER
+              and not all(k in row for row in rows)]
+    if extras:
+        notes.append(f"searched besides opda's own hyperparameters: {', '.join(extras)}")
     # A run whose loss went NaN before its first evaluation: it cost about half an epoch.
     firsts = [r.times[0] for r in runs if r.times]
     if not firsts:
