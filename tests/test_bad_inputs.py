@@ -57,6 +57,9 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
                                      "has no class folders"),
     "imagefolder classes differ": ("trainer: {data: {kind: imagefolder, path: mismatch}}\n",
                                    "only in train/: b; only in val/: c"),
+    "imagefolder flat val (as ImageNet's comes)": (
+        "trainer: {data: {kind: imagefolder, path: flatval}}\n",
+        "val/ holds 3 images but no class folders (as ImageNet's validation set comes); move"),
     "imagefolder empty val class": ("trainer: {data: {kind: imagefolder, path: emptyval}}\n",
                                     "val: 1 class folder(s) hold no images (b)"),
     "imagefolder empty train class": (
@@ -211,6 +214,9 @@ def _lay_out(folder: Path) -> None:
     (folder / "noclass" / "val").mkdir()
     _images(folder / "mismatch", {"a": 2, "b": 2}, {"a": 1, "c": 1})
     _images(folder / "emptyval", {"a": 2, "b": 2}, {"a": 1, "b": 0})
+    _images(folder / "flatval", {"a": 2, "b": 2}, {})
+    for i in range(3):
+        (folder / "flatval" / "val" / f"ILSVRC2012_val_{i}.JPEG").write_bytes(b"\xff\xd8")
     _images(folder / "emptytrain", {"a": 0, "b": 2}, {"a": 1, "b": 1})
     _images(folder / "oneclass", {"a": 2}, {"a": 1})
     _images(folder / "noval", {"a": 1, "b": 1}, {})

@@ -455,6 +455,13 @@ def read_layout(spec: dict[str, Any]) -> Layout:
                              "out 10% of each training class for validation, or add "
                              f"{root}/val/<class>/*.JPEG")
         train_classes, classes = _class_folders(root / "train"), _class_folders(val_dir)
+        loose = [n for n in os.listdir(val_dir) if _is_image(n)] if not classes else []
+        if train_classes and loose:
+            raise ValueError(f"ImageFolder {root}: {val_dir.name}/ holds {len(loose)} images "
+                             "but no class folders (as ImageNet's validation set comes); move "
+                             f"each into {val_dir.name}/<class>/ by its label, with the class "
+                             "folder names of train/, or drop "
+                             f"{val_dir.name}/ and add val_split: 0.1 to trainer.data")
         if train_classes != classes:
             only_train = sorted(set(train_classes) - set(classes))
             only_val = sorted(set(classes) - set(train_classes))
