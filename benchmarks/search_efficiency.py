@@ -2,11 +2,12 @@
 
     python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 60] [--resume] [--out F]
     python benchmarks/search_efficiency.py compare [--table T] [--target A] [--metric top1|top5]
-        [--workers N] [--seeds 200] [--jobs N] [--methods M,...] [--goals 1.5,1.25]
+        [--num-classes C] [--workers N] [--seeds 200] [--jobs N] [--methods M,...]
+        [--goals 1.5,1.25]
     python benchmarks/search_efficiency.py paper [--instances 167168,189873,189906]
     python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300] [--table F]
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--table T] [--target A]
-        [--metric top1|top5]
+        [--metric top1|top5] [--num-classes C]
 
 ``record`` trains a random sample of quickstart configurations for real (the deepspeed
 launcher, 2 CPU ranks kept warm between configurations as a worker keeps them, digits, the
@@ -209,14 +210,16 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False,
 _TABLES: dict[tuple[str, float | None, str], Table] = {}
 
 
-def table_of(spec: str, target: float | None, metric: str = "top1") -> Table:
+def table_of(spec: str, target: float | None, metric: str = "top1",
+             num_classes: int | None = None) -> Table:
     """The table ``spec`` names (opda:PATH, yahpo-lcbench:INSTANCE, autotune:PATH or a path),
     loaded once a process."""
-    key = (spec, target, metric)
+    key = (spec, target, metric, num_classes)
     if key not in _TABLES:
         with contextlib.redirect_stdout(io.StringIO()):   # yahpo-gym prints a citation
             try:
-                _TABLES[key] = load_table(spec, target, metric=metric, yahpo_data=YAHPO_DATA)
+                _TABLES[key] = load_table(spec, target, metric=metric, yahpo_data=YAHPO_DATA,
+                                          num_classes=num_classes)
             except TableError as e:
                 raise SystemExit(str(e)) from None
     return _TABLES[key]
@@ -230,19 +233,19 @@ def _pool(jobs: int | None) -> ProcessPoolExecutor:
                                mp_context=multiprocessing.get_context("spawn"))
 
 
-def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ...], str]
-                    ) -> Outcome:
+def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ...], str,
+                               int | None]) -> Outcome:
     """One replayed study (in a pool worker)."""
-    spec, target, method, seed, workers, goals, metric = job
-    return Replay(table_of(spec, target, metric), method, seed, workers=workers,
+    spec, target, method, seed, workers, goals, metric, classes = job
+    return Replay(table_of(spec, target, metric, classes), method, seed, workers=workers,
                   goals=goals).run()
 
 
 def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
             jobs: int | None = None, workers: int = 1,
             methods: tuple[str, ...] = METHODS, goals: tuple[float, ...] = (1.5, 1.25),
-            metric: str = "top1") -> None:
-    table = table_of(spec, target, metric)
+            metric: str = "top1", num_classes: int | None = None) -> None:
+    table = table_of(spec, target, metric, num_classes)
     best = table.best_tta
     reaching = [r.reached_at(table.target) for r in table.runs]
     print(f"table {table.name}: {len(table.runs)} runs, "
@@ -263,7 +266,8 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
     with _pool(jobs) as pool:
         for method in methods:
             outs = list(pool.map(_replay_outcome, [(spec, target, method, seed, workers,
-                                                    goals, metric) for seed in range(seeds)]))
+                                                    goals, metric, num_classes)
+                                                   for seed in range(seeds)]))
             # a study that never found the goal has no compute to it: infinite, so a method
             # that misses in half its studies has no finite median (not its cap's compute)
             spent_by[method] = [o.to_goal[goals[0]] if o.found[goals[0]] else math.inf
@@ -296,10 +300,11 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
 
 
 def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
-              target: float | None = None, metric: str = "top1") -> None:
+              target: float | None = None, metric: str = "top1",
+              num_classes: int | None = None) -> None:
     """Where autotune's compute goes until it finds the goal: seconds by how trials ended,
     launch overhead apart, with autotune's sampler or with random proposals."""
-    table = table_of(spec, target, metric)
+    table = table_of(spec, target, metric, num_classes)
     phases: dict[str, dict[str, list[float]]] = {"until": {}, "after": {}}
     overhead = total = 0.0
     for seed in range(seeds):
@@ -571,6 +576,9 @@ def main() -> None:
     metric_help = ("the accuracy the target is on: top1, or top5 (opda tables, whose curves "
                    "hold top_5: DAWNBench's 93%% top-5)")
     cmp.add_argument("--metric", choices=("top1", "top5"), default="top1", help=metric_help)
+    classes_help = ("an opda table's number of classes, for chance accuracy (default: its "
+                    "rows' num_classes, else 1000, ImageNet's)")
+    cmp.add_argument("--num-classes", type=int, default=None, help=classes_help)
     cmp.add_argument("--workers", type=int, default=1,
                      help="asynchronous workers a study runs (default 1)")
     cmp.add_argument("--goals", default="1.5,1.25",
@@ -584,6 +592,7 @@ def main() -> None:
     bd.add_argument("--table", default=str(DATA), help=table_help)
     bd.add_argument("--target", type=float, default=None)
     bd.add_argument("--metric", choices=("top1", "top5"), default="top1", help=metric_help)
+    bd.add_argument("--num-classes", type=int, default=None, help=classes_help)
     pp = sub.add_parser("paper", help="the YAHPO Gym paper's own protocol (best validation "
                                       "accuracy within 6,544 epochs): the harness's check")
     pp.add_argument("--instances", default="167168,189873,189906")
@@ -606,7 +615,8 @@ def main() -> None:
     if args.command == "record":
         record(args.n, args.max_seconds, args.seed, args.resume, args.out)
     elif args.command == "breakdown":
-        breakdown(args.seeds, args.proposals, args.table, args.target, args.metric)
+        breakdown(args.seeds, args.proposals, args.table, args.target, args.metric,
+                  args.num_classes)
     elif args.command == "live":
         live(args.seeds, args.budget, args.table)
     elif args.command == "paper":
@@ -624,7 +634,7 @@ def main() -> None:
         if not goals or any(g < 1 for g in goals):
             parser.error(f"--goals must be numbers >= 1 separated by commas, got {args.goals}")
         compare(args.seeds, args.table, args.target, args.jobs, args.workers, methods, goals,
-                args.metric)
+                args.metric, args.num_classes)
 
 
 if __name__ == "__main__":

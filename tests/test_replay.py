@@ -173,6 +173,29 @@ def test_an_opda_table_with_hyperparameters_of_its_own_searches_them_too(tmp_pat
     assert outcome.trials == 10
 
 
+def test_an_opda_tables_classes_set_chance_accuracy(tmp_path):
+    """Chance accuracy follows the data set: the rows' num_classes, a given number, or
+    ImageNet's 1,000 with a note saying so; a table saying two numbers is refused."""
+    path = _opda_file(tmp_path)
+    table = load_table(f"opda:{path}", 0.7)
+    assert table.num_classes == 1000 and any("1,000 classes assumed" in n for n in table.notes)
+    assert load_table(f"opda:{path}", 0.7, num_classes=10).num_classes == 10
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "num_classes": 10}) + "\n" for r in rows))
+    table = load_table(f"opda:{path}", 0.7)
+    assert table.num_classes == 10 and not any("classes" in n for n in table.notes)
+    assert "num_classes" not in table.space
+    rows[2]["num_classes"] = 100
+    path.write_text("".join(json.dumps({**r, "num_classes": r.get("num_classes", 10)}) + "\n"
+                            for r in rows))
+    with pytest.raises(TableError, match="num_classes must be one whole number >= 2"):
+        load_table(f"opda:{path}", 0.7)
+    with pytest.raises(TableError, match="--num-classes must be at least 2"):
+        load_table(f"opda:{path}", 0.7, num_classes=1)
+    with pytest.raises(TableError, match="--num-classes is for opda tables"):
+        load_table(str(path), 0.7, num_classes=10)
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("workers", [1, 8])
 def test_every_method_replays_an_opda_table_with_one_or_eight_workers(tmp_path, method,

@@ -231,6 +231,19 @@ def _opda_space(points: list[dict[str, Any]], names: list[str]) -> dict[str, Bas
     return space
 
 
+def _classes_of(rows: list[dict[str, Any]], path: Path) -> int | None:
+    """The number of classes the rows say (``num_classes``, the same in every run that has
+    it), or None where none says."""
+    said = {repr(row["num_classes"]) for row in rows if "num_classes" in row}
+    if not said:
+        return None
+    value = rows[[("num_classes" in row) for row in rows].index(True)]["num_classes"]
+    if len(said) > 1 or isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise TableError(f"{path}: num_classes must be one whole number >= 2 in every run that "
+                         f"has it, got {', '.join(sorted(said)[:3])}")
+    return int(value)
+
+
 def _looks_log(values: list[float]) -> bool:
     """Whether positive ``values`` sit evenly on a log scale rather than a linear one: their
     median is nearer the middle of the range in log terms than in linear terms (a
@@ -247,7 +260,7 @@ def _looks_log(values: list[float]) -> bool:
 
 # what an opda row holds besides hyperparameters; an id-like key is not searched
 _OPDA_OTHER = {"iteration", "nan_train_loss", "learning_curve", "id", "index", "seed", "trial",
-               "run"}
+               "run", "num_classes"}
 
 
 def _opda_extras(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -274,13 +287,16 @@ def _opda_extras(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     return extras, notes
 
 
-def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 1000) -> Table:
+def opda(path: Path, target: float, metric: str = "top1", num_classes: int | None = None
+         ) -> Table:
     """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target``.
 
     Each run needs ``epochs`` and ``learning_curve``; its hyperparameters are those of opda's
     ConvNeXt search (``batch_size``, ``lr``, ``lr_peak_epoch``, ``momentum``, ``weight_decay``,
     ``label_smoothing``) that every run of the table holds: a table that did not search one
-    is searched without it. A metric of null or NaN ends a run there, as diverged."""
+    is searched without it. A metric of null or NaN ends a run there, as diverged.
+    ``num_classes`` (for chance accuracy): given, else the rows' ``num_classes``, else 1000
+    (ImageNet's, opda's own tables), said in a note."""
     rows = _read_lines(path)
     for number, row in enumerate(rows, start=1):
         missing = [k for k in _OPDA_NEEDED if k not in row]
@@ -318,6 +334,12 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int = 100
               and not all(k in row for row in rows)]
     if extras:
         notes.append(f"searched besides opda's own hyperparameters: {', '.join(extras)}")
+    if num_classes is None:
+        num_classes = _classes_of(rows, path)
+        if num_classes is None:
+            num_classes = 1000
+            notes.append("1,000 classes assumed (ImageNet's) for chance accuracy; give "
+                         "--num-classes for another data set")
     # A run whose loss went NaN before its first evaluation: it cost about half an epoch.
     firsts = [r.times[0] for r in runs if r.times]
     if not firsts:
@@ -474,10 +496,11 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
 
 
 def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
-               yahpo_data: Path | None = None) -> Table:
+               yahpo_data: Path | None = None, num_classes: int | None = None) -> Table:
     """``spec``: ``opda:PATH``, ``yahpo-lcbench:INSTANCE``, ``autotune:PATH`` or a bare path
     (an autotune-recorded table). ``metric``: ``top1``, or ``top5`` (opda tables only: their
-    curves hold ``top_5``; DAWNBench's metric)."""
+    curves hold ``top_5``; DAWNBench's metric). ``num_classes``: the classes of an opda
+    table's data set (chance accuracy; default: what its rows say, else 1000)."""
     if metric not in ("top1", "top5"):
         raise TableError(f"metric must be top1 or top5, got {metric!r}")
     kind, sep, rest = spec.partition(":")
@@ -490,11 +513,16 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
     if kind != "opda" and metric != "top1":
         raise TableError(f"--metric {metric} needs an opda table (its curves hold top_5); "
                          f"{spec} has one accuracy: leave --metric at top1")
+    if num_classes is not None and kind != "opda":
+        raise TableError(f"--num-classes is for opda tables; {spec} knows its own classes "
+                         "(or has none to give): leave it out")
+    if num_classes is not None and num_classes < 2:
+        raise TableError(f"--num-classes must be at least 2, got {num_classes}")
     if kind == "opda":
         if target is None:
             raise TableError(f"an opda table needs --target (the {metric} accuracy to reach, "
                              "e.g. 0.70)")
-        return opda(Path(rest), target, metric)
+        return opda(Path(rest), target, metric, num_classes)
     if kind == "yahpo-lcbench":
         data = yahpo_data or Path(__file__).resolve().parents[3] / "shared" / "external" \
             / "yahpo-lcbench"
