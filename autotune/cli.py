@@ -177,6 +177,34 @@ def _add_status(sub: Any) -> None:
     p.set_defaults(func=_status)
 
 
+def _export_curves(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .config import validate_storage_url
+    from .export import export_curves
+
+    validate_storage_url(args.storage, "--storage")
+    return export_curves(args.study, args.storage, Path(args.out) if args.out else None,
+                         every=args.all)
+
+
+def _add_export_curves(sub: Any) -> None:
+    p = sub.add_parser("export curves", help="write a study's learning curves in opda's "
+                                             "format, to replay them under other tuners",
+                       description="Write one JSON line a trial (its parameters, planned "
+                                   "epochs and learning curve) in opda's tuning-results "
+                                   "format, which `benchmarks/search_efficiency.py compare "
+                                   "--table opda:FILE` replays. Trials a pruner stopped are "
+                                   "left out (their curves end early) unless --all.")
+    p.add_argument("study", help="study name")
+    p.add_argument("--storage", default="sqlite:///autotune.db",
+                   help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--out", help="the .jsonl file to write (default: print the lines)")
+    p.add_argument("--all", action="store_true",
+                   help="write the trials a pruner stopped too (bound, projection, rung)")
+    p.set_defaults(func=_export_curves)
+
+
 def _worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -315,12 +343,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_ui(sub)
     _add_db_upgrade(sub)
     _add_status(sub)
+    _add_export_curves(sub)
     _add_worker(sub)
     _add_server(sub)
     return parser
 
 
-_TWO_WORD = ("start study", "space show", "space check", "db upgrade")
+_TWO_WORD = ("start study", "space show", "space check", "db upgrade", "export curves")
 
 
 def _join_two_word_commands(argv: list[str]) -> list[str]:

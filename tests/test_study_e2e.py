@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
@@ -9,6 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from autotune.config import resolve_tracking_uri
+from autotune.replay import load_table
 
 from .conftest import run_cli
 
@@ -90,6 +92,17 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     runs = client.search_runs([experiment.experiment_id])
     assert sum(r.data.tags.get("autotune.kind") == "study" for r in runs) == 1
     assert sum(r.data.tags.get("autotune.kind") == "trial" for r in runs) == 3
+
+    # the study's curves, exported in opda's format, read back as a replay table
+    table_file = tmp_path / "curves.jsonl"
+    exported = run_cli("export", "curves", "quickstart", "--storage", storage, "--out",
+                       str(table_file), "--all", cwd=tmp_path, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    assert "wrote 3 trial curve(s)" in exported.stdout
+    table = load_table(f"opda:{table_file}", 0.97)
+    assert table.num_classes == 10 and len(table.runs) == 3
+    assert sorted(json.loads(line)["iteration"] for line in
+                  table_file.read_text().splitlines()) == [0, 1, 2]
 
 
 def test_a_space_written_from_the_readme_runs_a_study(tmp_path):

@@ -260,7 +260,7 @@ def _looks_log(values: list[float]) -> bool:
 
 # what an opda row holds besides hyperparameters; an id-like key is not searched
 _OPDA_OTHER = {"iteration", "nan_train_loss", "learning_curve", "id", "index", "seed", "trial",
-               "run", "num_classes"}
+               "run", "num_classes", "stop_reason"}
 
 
 def _opda_extras(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
