@@ -29,7 +29,6 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from . import record
-from .config import redact
 from .errors import ConfigError
 
 __all__ = ["WHOLE", "curves", "export_curves"]
@@ -100,20 +99,14 @@ def curves(trials: Iterable[FrozenTrial], num_classes: int | None = None,
 def export_curves(study_name: str, storage: str, out: Path | None, every: bool = False,
                   echo: Callable[[str], None] = print) -> int:
     """Writes the study's curves to ``out`` (stdout where None), whole or not at all."""
-    from .store import open_storage
+    from .store import load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if out is not None and out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give the path of the .jsonl file to write")
     if out is not None and not out.parent.is_dir():
         raise ConfigError(f"--out {out}: no folder {out.parent}; create it first")
-    store = open_storage(storage, create=False)
-    try:
-        study = optuna.load_study(study_name=study_name, storage=store)
-    except KeyError as e:
-        names = [s.study_name for s in optuna.get_all_study_summaries(store)]
-        raise ConfigError(f"no study {study_name!r} in {redact(storage)}; studies there: "
-                          f"{', '.join(names) or 'none'}") from e
+    study = load_existing_study(study_name, storage)
     config = study.user_attrs.get(record.STUDY_CONFIG) or {}
     trainer = config.get("trainer") if isinstance(config, dict) else None
     classes = trainer.get("num_classes") if isinstance(trainer, dict) else None

@@ -12,7 +12,6 @@ from . import record
 from ._channel import is_server_url
 from .config import database_url, redact
 from .decisions import elapsed_of
-from .errors import ConfigError
 
 __all__ = ["show"]
 
@@ -44,16 +43,10 @@ def _workers(url: str, study: str) -> list[dict[str, Any]]:
 
 
 def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> int:
-    from .store import open_storage
+    from .store import load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = open_storage(storage, create=False)   # a missing study creates nothing
-    try:
-        study = optuna.load_study(study_name=study_name, storage=store)
-    except KeyError as e:
-        names = [s.study_name for s in optuna.get_all_study_summaries(store)]
-        raise ConfigError(f"no study {study_name!r} in {redact(storage)}; studies there: "
-                          f"{', '.join(names) or 'none'}") from e
+    study = load_existing_study(study_name, storage)   # a missing study creates nothing
     trials = study.get_trials(deepcopy=False)
     now = datetime.now(UTC).replace(tzinfo=None)
     echo(f"study {study_name!r} in {redact(storage)}: {len(trials)} trial(s)")

@@ -18,7 +18,19 @@ from ._channel import STATES_KEY, Address, is_server_url, open_channel, parse_ad
 from .config import database_url, redact, sqlite_wal
 from .errors import ConfigError
 
-__all__ = ["open_storage"]
+__all__ = ["load_existing_study", "open_storage"]
+
+
+def load_existing_study(study_name: str, storage: str) -> optuna.Study:
+    """The study ``study_name`` in ``storage``, which it must hold already: a one-line error
+    naming the studies there otherwise, and nothing created."""
+    store = open_storage(storage, create=False)
+    try:
+        return optuna.load_study(study_name=study_name, storage=store)
+    except KeyError as e:
+        names = [s.study_name for s in optuna.get_all_study_summaries(store)]
+        raise ConfigError(f"no study {study_name!r} in {redact(storage)}; studies there: "
+                          f"{', '.join(names) or 'none'}") from e
 
 
 def _require_existing(url: str) -> None:
