@@ -128,11 +128,17 @@ def within_cap(name: str, value: Any, dist: BaseDistribution, cap: float | None)
 def planned_seconds(trial: FrozenTrial) -> float | None:
     """How long ``trial``'s whole schedule takes, from its last evaluation: elapsed seconds over
     the share of the planned schedule done (None before a first evaluation). Known for pruned
-    and reached trials too, not only for those that trained to their end."""
+    and reached trials too, not only for those that trained to their end. Whatever the
+    target's metric: a schedule's length does not depend on which accuracy an evaluation
+    reported (a study on top-5 may hold rows without top-1)."""
     try:
-        end = Curve.of(trial.user_attrs.get(record.CURVE) or []).planned_end()
+        rows = [r for r in record.curve_rows(trial.user_attrs)
+                if r.top1 is not None or r.top5 is not None]
     except (TypeError, ValueError, IndexError):
         return None
+    if not rows:
+        return None
+    end = Curve((rows[-1].elapsed_s,), (0.0,), (rows[-1].progress,)).planned_end()
     return end if 0 < end < math.inf else None
 
 

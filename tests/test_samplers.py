@@ -111,6 +111,10 @@ def test_a_trials_planned_duration_comes_from_its_last_evaluation():
     assert planned_seconds(_trial_with_curve(0.5, [[3.0, 0.1, 0.5, 0.0, 2.0]], "failed")) is None
     assert planned_seconds(optuna.trial.create_trial(params={"x": 0.5}, distributions=LINE,
                                                      value=1.0)) is None
+    # a study on top-5 whose evaluations hold no top-1: the schedule is as long
+    assert planned_seconds(_trial_with_curve(0.5, [[4.0, None, 0.6, 0.1, 2.0],
+                                                   [10.0, None, 0.9, 0.25, 1.0]],
+                                             "censored")) == pytest.approx(40.0)
 
 
 def test_a_failed_neighbour_counts_failed_cost_times_its_duration():
