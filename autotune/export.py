@@ -88,7 +88,7 @@ def curves(trials: Iterable[FrozenTrial], num_classes: int | None = None,
             {"time": r.elapsed_s, "epoch": r.progress * epochs - 1.0,
              **{key: value for key, value in (("top_1", r.top1), ("top_5", r.top5),
                                                ("loss", r.loss)) if _number(value) is not None}}
-            for r in curve if _number(r.top1) is not None]
+            for r in curve if _number(r.top1) is not None or _number(r.top5) is not None]
         if not row["learning_curve"]:
             left[reason] = left.get(reason, 0) + 1
             continue

@@ -64,6 +64,10 @@ def test_whole_curves_are_written_and_a_resumed_trial_is_one_run():
     # the interrupted attempt's curve up to its checkpoint (4 s), then the resumption's
     assert [p["time"] for p in rows[1]["learning_curve"]] == [2.0, 4.0, 5.0, 7.0]
     assert rows[2]["nan_train_loss"] is True
+    top5_only = _trial(6, "planned_epochs", [[2.0, None, 0.5, 0.125, 2.0],
+                                              [4.0, None, 0.7, 0.25, 1.5]])
+    assert curves([top5_only])[0][0]["learning_curve"][1] == {
+        "time": 4.0, "epoch": 1.0, "top_5": 0.7, "loss": 1.5}
     every, left = curves(trials, every=True)
     assert [r["iteration"] for r in every] == [0, 1, 3, 4] and left == {}
     assert "num_classes" not in every[0]
