@@ -76,6 +76,10 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
         classes = num_classes(cfg.trainer.data)
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: trainer.data: {e}") from e
+    if cfg.target.metric == "top5" and classes <= 5:
+        raise ConfigError(f"{cfg.source}: target.metric top5 on data of {classes} classes: "
+                          "the label is always among the top 5, so top-5 accuracy is 1 from "
+                          "the first step; use metric: top1")
     data = DataInfo(train_images=size, num_classes=classes,
                     image_size=int(cfg.trainer.data.get("image_size", image_size_default(
                         cfg.trainer.data))), kind=str(cfg.trainer.data.get("kind", "digits")))

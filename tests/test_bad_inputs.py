@@ -125,6 +125,9 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "program not a trainer": ("trainer: {program: sources}\n", "is not a bundled trainer"),
     "own params not a list": ("trainer: {params: dropout}\n", "must be a list of parameter"),
     "metric top3": ("target: {metric: top3}\n", "'top3' is not allowed; use one of top1, top5"),
+    "top5 on five classes": (
+        "target: {metric: top5}\ntrainer: {data: {kind: synthetic, num_classes: 5}}\n",
+        "target.metric top5 on data of 5 classes: the label is always among the top 5"),
     "target above 1": ("target: {value: 1.5}\n", "outside (0, 1]"),
     "target negative": ("target: {value: -0.1}\n", "outside (0, 1]"),
     "target infinite": ("target: {value: .inf}\n", "outside (0, 1]"),
