@@ -67,6 +67,10 @@ def test_an_opda_file_becomes_a_table_of_runs(tmp_path):
     ('{"epochs": 3, "learning_curve": [{"time": 1.0, "top_1": "x"}]}\n',
      "top_1 must be a number, null or NaN"),
     ('{"epochs": 3, "learning_curve": [{"top_1": 0.5}]}\n', "needs time and top_1"),
+    ('{"epochs": 3, "learning_curve": [{"time": 1.0, "top_1": 76.1}]}\n',
+     "top_1 is 76.1; accuracies are shares from 0 to 1"),
+    ('{"epochs": 3, "learning_curve": [{"time": 9.0, "top_1": 0.1}, {"time": 8.5, "top_1": 0.2}'
+     ']}\n', "times must not decrease: each is the seconds since the run began"),
     ("", "holds no runs"),
 ])
 def test_a_broken_opda_file_is_refused_with_what_is_wrong(tmp_path, content, message):

@@ -170,6 +170,9 @@ def _opda_run(row: dict[str, Any], metric: str, where: str) -> Run:
             raise TableError(f"{where}: each learning_curve entry needs time and {key} "
                              f"numbers (entry {i + 1} has {p!r:.80})")
         value = _number(p[key])
+        if value is not None and not 0 <= value <= 1:
+            raise TableError(f"{where}: learning_curve entry {i + 1}: {key} is {value:g}; "
+                             "accuracies are shares from 0 to 1 (a percentage divided by 100)")
         if value is None:
             if p[key] is not None and not (isinstance(p[key], float) and math.isnan(p[key])):
                 raise TableError(f"{where}: learning_curve entry {i + 1}: {key} must be a "
@@ -184,7 +187,8 @@ def _opda_run(row: dict[str, Any], metric: str, where: str) -> Run:
         losses.append(float(loss) if isinstance(loss, int | float)
                       and not isinstance(loss, bool) else None)
     if any(b < a for a, b in zip(times, times[1:], strict=False)):
-        raise TableError(f"{where}: learning_curve times must not decrease")
+        raise TableError(f"{where}: learning_curve times must not decrease: each is the "
+                         "seconds since the run began (cumulative), not an epoch's own")
     epochs = float(row["epochs"])
     diverged = broke or (bool(row.get("nan_train_loss")) and len(times) < epochs)
     return Run(tuple(times), tuple(values), tuple(done), epochs,
