@@ -121,8 +121,13 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
         echo(text.rstrip("\n"))
         return 0
     partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    partial.write_text(text)
-    os.replace(partial, out)           # never a half-written table
+    try:
+        partial.write_text(text)
+        os.replace(partial, out)           # never a half-written table
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write --out {out}: {e.strerror or e}; give a file in a "
+                          "folder you can write to") from None
     target = config.get("target") if isinstance(config, dict) else None
     at = (f" --target {target['value']} --metric {target.get('metric', 'top1')}"
           if isinstance(target, dict) and "value" in target else "")

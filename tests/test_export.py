@@ -109,11 +109,14 @@ def test_an_exported_study_replays_under_every_tuner(tmp_path, capsys):
     ("out a folder", "is a folder; give the path of the .jsonl file"),
     ("out in a missing folder", "no folder"),
     ("nothing whole", "has no trial with a whole curve to export (finished: 1 rung)"),
+    ("out not writable", "cannot write --out /proc/curves.jsonl"),
 ])
 def test_export_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, case, expected):
-    storage = _study_file(tmp_path, [_trial(0, "rung", _rows(2, 8))])
-    out = {"out a folder": tmp_path, "out in a missing folder": tmp_path / "no" / "c.jsonl"
-           }.get(case, tmp_path / "c.jsonl")
+    whole = case == "out not writable"           # one trial to write, nowhere to write it
+    storage = _study_file(tmp_path, [_trial(0, "reached" if whole else "rung",
+                                            _rows(9 if whole else 2, 8))])
+    out = {"out a folder": tmp_path, "out in a missing folder": tmp_path / "no" / "c.jsonl",
+           "out not writable": Path("/proc/curves.jsonl")}.get(case, tmp_path / "c.jsonl")
     def written() -> list[str]:           # the store's own WAL files aside
         return sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("study.db"))
 
