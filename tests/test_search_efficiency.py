@@ -221,3 +221,13 @@ def test_the_best_baseline_among_never_found_medians_is_the_one_that_missed_leas
     spent_by["autotune"] = [1.0, 1.0, inf]
     ratios, best = se.best_of(spent_by)
     assert best == "tpe_hyperband" and ratios["random"] == inf
+
+
+def test_a_target_no_run_reaches_is_refused_in_one_line_before_any_replay(tmp_path):
+    curve = [[2.0 * k, 0.2 + 0.05 * k, 0.5, k / 8, 1.0] for k in range(1, 9)]
+    rows = [{"params": {**c, "decay": "cosine"}, "curve": curve, "reached_at": None,
+             "end_reason": "planned_epochs", "elapsed_s": 16.0, "overhead_s": 0.5,
+             "epochs": 4} for c in CONFIGS]
+    with pytest.raises(SystemExit, match=r"no run of table .* reaches top1 >= 0.97; give a "
+                                         "lower --target"):
+        se.compare(seeds=2, spec=_table_file(tmp_path, rows), jobs=1)
