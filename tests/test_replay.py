@@ -80,6 +80,23 @@ def test_a_broken_opda_file_is_refused_with_what_is_wrong(tmp_path, content, mes
         load_table(f"opda:{path}", 0.7)
 
 
+def test_an_opda_table_may_come_compressed_and_a_binary_file_is_refused(tmp_path):
+    import gzip
+
+    plain = _opda_file(tmp_path)
+    packed = tmp_path / "tuning.results.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert len(load_table(f"opda:{packed}", 0.7).runs) == 6
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(b"not gzip at all")
+    with pytest.raises(TableError, match="cannot read .* as JSON-lines text"):
+        load_table(f"opda:{broken}", 0.7)
+    binary = tmp_path / "weights.jsonl"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(TableError, match="cannot read .* as JSON-lines text"):
+        load_table(f"opda:{binary}", 0.7)
+
+
 def test_an_opda_table_replays_top5_as_dawnbench_measures(tmp_path):
     path = _opda_file(tmp_path)
     top5 = load_table(f"opda:{path}", 0.85, metric="top5")

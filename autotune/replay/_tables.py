@@ -118,7 +118,17 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise TableError(f"no table at {path}: give the path of a JSON-lines file")
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        if path.suffix == ".gz":
+            import gzip
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise TableError(f"cannot read {path} as JSON-lines text ({e}); give a .jsonl file, "
+                         "or one compressed with gzip (.jsonl.gz)") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
