@@ -16,12 +16,13 @@ from .config import StudyConfig
 from .decisions import TrialResult, elapsed_of
 from .tracking import Tracker, ui_command
 
-__all__ = ["Print", "finished", "format_result", "quiet_libraries", "result_of", "summarize"]
+__all__ = ["Print", "finished", "format_result", "quiet_libraries", "result_of", "short",
+           "summarize"]
 
 Print = Callable[[str], None]
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -29,7 +30,7 @@ def _short(value: Any) -> str:
 
 def format_result(r: TrialResult, metric: str) -> str:
     """The terminal line of a finished trial."""
-    params = " ".join(f"{k}={_short(v)}" for k, v in r.params.items())
+    params = " ".join(f"{k}={short(v)}" for k, v in r.params.items())
     if r.outcome == "reached":
         tail = f"reached   TTA {r.value:.2f} s ({metric} {r.best_metric:.3f})"
     elif r.outcome == "censored":
@@ -101,7 +102,7 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
         echo(f"best: trial {best.number}, time to {cfg.target.metric} >= {cfg.target.value}: "
              f"{best.value:.2f} s")
         for key, value in best_params.items():
-            echo(f"  {key} = {_short(value)}")
+            echo(f"  {key} = {short(value)}")
     tracker.study_plots(study, cfg.target.metric, cfg.target.value, final=True)
     tracker.end_study(summary, best_params)
     if not tracker.close(timeout_s=60):

@@ -10,6 +10,7 @@ import optuna
 
 from . import record
 from ._channel import is_server_url
+from ._console import short
 from .config import database_url, redact
 from .decisions import elapsed_of
 
@@ -77,4 +78,6 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
         echo("best: no trial has reached the target yet")
     else:
         echo(f"best: trial {best.number}, TTA {best.value:.2f} s")
+        for key, value in (dict(best.user_attrs.get(record.PARAMS, {})) or best.params).items():
+            echo(f"  {key} = {short(value)}")
     return 0

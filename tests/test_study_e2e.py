@@ -83,6 +83,8 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     assert (f"best: trial {best.number}, TTA" if best is not None
             else "best: no trial has reached the target yet") in status.stdout
     assert status.stdout.count("COMPLETE") == 2
+    if best is not None:                  # the winning configuration, as start study prints it
+        assert "\n  global_batch = " in status.stdout.split("best: trial")[1]
 
     again = run_cli(*args, "--n-trials", "3", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
