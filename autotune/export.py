@@ -133,7 +133,8 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
           if isinstance(target, dict) and "value" in target else "")
     echo(f"wrote {len(rows)} trial curve(s) of study {study_name!r} to {out}"
          + (f"; left out: {_counts(left)} (stopped early; --all writes them)" if left else ""))
-    echo(f"replay them: python benchmarks/search_efficiency.py compare --table opda:{out}{at}")
+    echo("replay them, from autotune's source tree: python benchmarks/search_efficiency.py "
+         f"compare --table opda:{out.resolve()}{at}")
     return 0
 
 
