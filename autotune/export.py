@@ -132,7 +132,8 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
     at = (f" --target {target['value']} --metric {target.get('metric', 'top1')}"
           if isinstance(target, dict) and "value" in target else "")
     echo(f"wrote {len(rows)} trial curve(s) of study {study_name!r} to {out}"
-         + (f"; left out: {_counts(left)} (stopped early; --all writes them)" if left else ""))
+         + (f"; left out: {_counts(left)} (stopped early, or no evaluation; --all writes "
+            "those with a curve)" if left else ""))
     echo("replay them, from autotune's source tree: python benchmarks/search_efficiency.py "
          f"compare --table opda:{out.resolve()}{at}")
     return 0
