@@ -81,7 +81,11 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
     finally:
         if process.poll() is None:
             process.terminate()
-            process.wait(10)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:   # a browser's open connection holds it up
+                process.kill()
+                process.wait()
     return 0
 
 
