@@ -57,7 +57,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from . import record
 from ._spread import farthest
-from .pruners import Curve
 
 __all__ = ["BATCH_FACTOR", "ExploringTPESampler", "SpreadSampler", "batch_cap",
            "planned_seconds", "within_cap"]
@@ -136,9 +135,9 @@ def planned_seconds(trial: FrozenTrial) -> float | None:
                 if r.top1 is not None or r.top5 is not None]
     except (TypeError, ValueError, IndexError):
         return None
-    if not rows:
+    if not rows or rows[-1].progress <= 0:
         return None
-    end = Curve((rows[-1].elapsed_s,), (0.0,), (rows[-1].progress,)).planned_end()
+    end = rows[-1].elapsed_s / min(rows[-1].progress, 1.0)
     return end if 0 < end < math.inf else None
 
 

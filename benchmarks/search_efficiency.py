@@ -207,7 +207,7 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False,
 
 
 # -- replay -------------------------------------------------------------------------------------
-_TABLES: dict[tuple[str, float | None, str], Table] = {}
+_TABLES: dict[tuple[str, float | None, str, int | None], Table] = {}
 
 
 def table_of(spec: str, target: float | None, metric: str = "top1",

@@ -248,10 +248,11 @@ def _opda_space(points: list[dict[str, Any]], names: list[str]) -> dict[str, Bas
 def _classes_of(rows: list[dict[str, Any]], path: Path) -> int | None:
     """The number of classes the rows say (``num_classes``, the same in every run that has
     it), or None where none says."""
-    said = {repr(row["num_classes"]) for row in rows if "num_classes" in row}
-    if not said:
+    values = [row["num_classes"] for row in rows if "num_classes" in row]
+    if not values:
         return None
-    value = rows[[("num_classes" in row) for row in rows].index(True)]["num_classes"]
+    said = {repr(v) for v in values}
+    value = values[0]
     if len(said) > 1 or isinstance(value, bool) or not isinstance(value, int) or value < 2:
         raise TableError(f"{path}: num_classes must be one whole number >= 2 in every run that "
                          f"has it, got {', '.join(sorted(said)[:3])}")
