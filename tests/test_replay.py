@@ -66,9 +66,9 @@ def test_an_opda_file_becomes_a_table_of_runs(tmp_path):
     ('{"epochs": 0, "learning_curve": []}\n', "epochs must be a positive number"),
     ('{"epochs": 3, "learning_curve": [{"time": 1.0, "top_1": "x"}]}\n',
      "top_1 must be a number, null or NaN"),
-    ('{"epochs": 3, "learning_curve": [{"top_1": 0.5}]}\n', "needs time and top_1"),
+    ('{"epochs": 3, "learning_curve": [{"top_1": 0.5}]}\n', "needs time .* and top_1"),
     ('{"epochs": 3, "learning_curve": [{"time": 1.0, "top_1": 76.1}]}\n',
-     "top_1 is 76.1; accuracies are shares from 0 to 1"),
+     "top_1 is 76.1; the target's metric is an accuracy, a share from 0 to 1"),
     ('{"epochs": 3, "learning_curve": [{"time": 9.0, "top_1": 0.1}, {"time": 8.5, "top_1": 0.2}'
      ']}\n', "times must not decrease: each is the seconds since the run began"),
     ("", "holds no runs"),
@@ -109,8 +109,11 @@ def test_an_opda_table_replays_top5_as_dawnbench_measures(tmp_path):
     assert outcome.first_reach == reasons.index("reached") + 1
     with pytest.raises(TableError, match="--metric top5 needs an opda table"):
         load_table(str(path), 0.85, metric="top5")
-    with pytest.raises(TableError, match="metric must be top1 or top5"):
+    with pytest.raises(TableError, match="entry 1 has no top3 .it holds epoch, top_1, top_5, "
+                                         "train_loss.; give --metric one of its accuracies"):
         load_table(f"opda:{path}", 0.85, metric="top3")
+    with pytest.raises(TableError, match="--metric must be top1, top5 or the name of"):
+        load_table(f"opda:{path}", 0.85, metric="top 5; rm")
 
 
 def test_an_opda_table_needs_a_target_that_some_run_reaches(tmp_path):
@@ -192,6 +195,61 @@ def test_an_opda_table_with_hyperparameters_of_its_own_searches_them_too(tmp_pat
     assert table.train(params) is table.runs[7]
     outcome = Replay(table, "autotune", seed=0, max_trials=10, min_compute_factor=0.0).run()
     assert outcome.trials == 10
+
+
+def _steps_line(i: int, lr: float, warmup: int, accs: list[float], step_s: float) -> dict:
+    """A run in the layout of opda's language-model tables: hyperparameters nested, a
+    schedule counted in steps, evaluations every 500 steps timed by eval_end_time."""
+    return {"iteration": i, "nan_train_loss": False,
+            "hyperparameters": {"n_embd": 384, "total_steps": 500 * len(accs),
+                                "warmup_steps": warmup, "lr": lr, "beta1": 0.9 - i / 100,
+                                "dropout": 0.01 * i},
+            "learning_curve": [{"step": 500 * (k + 1), "lr": lr,
+                                "train_end_time": step_s * (k + 1) - 3.0,
+                                "eval_end_time": step_s * (k + 1), "train_raw_loss": 6 - 9 * a,
+                                "val_raw_accuracy": a} for k, a in enumerate(accs)]}
+
+
+def test_an_opda_table_counted_in_steps_replays_any_accuracy_it_holds(tmp_path):
+    """opda's language-model layout: nested hyperparameters, total_steps, step and
+    eval_end_time in each entry, and an accuracy named as the table names it."""
+    lines = [_steps_line(i, 10 ** (-4 + i / 4), 100 * i,
+                         [min(0.05 + (0.03 + 0.01 * (i % 4)) * (k + 1), 0.5) for k in range(12)],
+                         60.0 + 5 * (i % 3))
+             for i in range(12)]
+    path = tmp_path / "llama.results.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    table = load_table(f"opda:{path}", 0.40, metric="val_raw_accuracy")
+    assert set(table.space) == {"warmup_steps", "lr", "beta1", "dropout"}
+    assert "n_embd is 384 in every run: not searched" in table.notes
+    assert "total_steps is 6000 in every run: not searched" in table.notes
+    assert any("chance accuracy of val_raw_accuracy unknown" in n for n in table.notes)
+    assert table.num_classes is None and table.shown == "val_raw_accuracy"
+    run = table.runs[3]
+    assert run.planned_epochs == 6000 and run.epochs[:2] == (500.0, 1000.0)
+    assert run.times[:2] == (60.0, 120.0)                          # eval_end_time
+    assert table.first_units == 500
+    for method in ("autotune", "tpe_hyperband", "tpe_median_sh", "dehb"):
+        outcome = Replay(table, method, seed=0, max_trials=12, min_compute_factor=0.0).run()
+        # every trial trains at least its first evaluation: no baseline's budget is below it
+        assert outcome.trials == 12 and min(s for _, _, s in outcome.spent) >= 60.0
+    with pytest.raises(TableError, match="no run of table .* reaches val_raw_accuracy >= 0.9"):
+        _ = load_table(f"opda:{path}", 0.9, metric="val_raw_accuracy").best_tta
+    del lines[2]["learning_curve"][1]["step"]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(TableError, match="line 3: learning_curve entry 2 lacks step"):
+        load_table(f"opda:{path}", 0.40, metric="val_raw_accuracy")
+
+
+def test_an_opda_table_without_times_is_refused_with_what_a_replay_needs(tmp_path):
+    """opda's fine-tuning layout keeps curves of [step, accuracy] by validation set and no
+    clock: no time-to-accuracy can be replayed from it, and the refusal says why."""
+    path = tmp_path / "deberta.results.jsonl"
+    path.write_text(json.dumps({"iteration": 1, "num_train_epochs": 2, "learning_rate": 1e-5,
+                                "learning_curves": {"matched": [[1000, 0.8]]}}) + "\n")
+    with pytest.raises(TableError, match="learning_curves by validation set and no "
+                                         "learning_curve.*seconds since the run began"):
+        load_table(f"opda:{path}", 0.8)
 
 
 def test_an_opda_tables_classes_set_chance_accuracy(tmp_path):

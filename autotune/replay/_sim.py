@@ -119,7 +119,7 @@ class _DEHB:
                 raise RuntimeError(f"DEHB cannot search {name}: {type(dist).__name__}")
         self._folder = tempfile.mkdtemp(prefix="autotune-dehb-")
         longest = max(r.planned_epochs for r in table.runs)
-        self.dehb = DEHB(cs=cs, dimensions=len(table.space), min_fidelity=1,
+        self.dehb = DEHB(cs=cs, dimensions=len(table.space), min_fidelity=table.first_units,
                          max_fidelity=longest, eta=ETA, n_workers=1, seed=seed,
                          output_path=self._folder, save_freq="end")
         self.miss = miss
@@ -163,6 +163,7 @@ class _Running:
     stop_reason: str = ""
     curve: list[list[Any]] = field(default_factory=list)
     reported_epoch: int = 0
+    sh_next: int = 0              # the next successive-halving budget to report at
     replies: list[dict[str, Any]] = field(default_factory=list)   # autotune's, in order
     result: TrialResult | None = None
     job: dict[str, Any] | None = None     # DEHB's job: its configuration and fidelity
@@ -193,7 +194,7 @@ class Replay:
         self.study = optuna.create_study(direction="minimize", sampler=self._sampler(seed),
                                          pruner=self.pruner)
         self.asha = WallClockASHA() if method == "asha_wallclock" else None
-        self.sh_steps = (sh_budgets(1, max(r.planned_epochs for r in table.runs))
+        self.sh_steps = (sh_budgets(table.first_units, max(r.planned_epochs for r in table.runs))
                          if method == "tpe_median_sh" else None)
         self.dehb = _DEHB(table, seed, self.penalty) if method == "dehb" else None
         self.found_at: dict[float, float] = {}
@@ -221,10 +222,11 @@ class Replay:
         if self.method == "tpe_sha":
             return optuna.pruners.SuccessiveHalvingPruner()
         if self.method == "random_asha":
-            return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=ETA)
+            return optuna.pruners.SuccessiveHalvingPruner(min_resource=t.first_units,
+                                                          reduction_factor=ETA)
         if self.method == "tpe_hyperband":
             longest = int(max(r.planned_epochs for r in t.runs))
-            return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=longest,
+            return optuna.pruners.HyperbandPruner(min_resource=t.first_units, max_resource=longest,
                                                   reduction_factor=ETA)
         return optuna.pruners.NopPruner()
 
@@ -355,9 +357,12 @@ class Replay:
             return False            # Optuna's pruners see one report an epoch, at its end
         s.reported_epoch = done
         if self.sh_steps is not None:   # reports only at the successive-halving epochs
-            if done not in self.sh_steps:
+            # (the first evaluation at or past each: a step table evaluates every k steps)
+            passed = [i for i, b in enumerate(self.sh_steps) if b <= done]
+            if not passed or passed[-1] < s.sh_next:
                 return False
-            s.trial.report(1.0 - value, step=self.sh_steps.index(done))
+            s.sh_next = passed[-1] + 1
+            s.trial.report(1.0 - value, step=passed[-1])
             return s.trial.should_prune()
         s.trial.report(1.0 - value, step=done - 1)
         return s.trial.should_prune()

@@ -82,10 +82,16 @@ class Table:
     space: dict[str, BaseDistribution]
     train: Callable[[dict[str, Any]], Run]
     num_classes: int | None = None
-    metric: str = "top1"
+    metric: str = "top1"              # the slot the trainer's reports fill: top1 or top5
     sample: Callable[[optuna.Trial], dict[str, Any]] | None = None
     credit: str = ""
     notes: list[str] = field(default_factory=list)
+    metric_name: str = ""             # what the table calls it, when not top1 or top5
+
+    @property
+    def shown(self) -> str:
+        """The metric as the user named it."""
+        return self.metric_name or self.metric
 
     def propose(self, trial: optuna.Trial) -> dict[str, Any]:
         if self.sample is not None:
@@ -96,13 +102,20 @@ class Table:
     def best_tta(self) -> float:
         times = [t for t in (r.reached_at(self.target) for r in self.runs) if t is not None]
         if not times:
-            raise TableError(f"no run of table {self.name} reaches {self.metric} >= "
+            raise TableError(f"no run of table {self.name} reaches {self.shown} >= "
                              f"{self.target}; give a lower --target")
         return min(times)
 
     @property
     def longest(self) -> float:
         return max(r.elapsed for r in self.runs)
+
+    @property
+    def first_units(self) -> int:
+        """The schedule units (epochs, or a step table's steps) of the earliest first
+        evaluation, at least 1: the smallest budget an epoch-step baseline can judge."""
+        firsts = [r.epochs[0] for r in self.runs if r.epochs]
+        return max(1, int(round(min(firsts)))) if firsts else 1
 
 
 def _nearest(space: dict[str, BaseDistribution], points: list[dict[str, Any]],
@@ -159,6 +172,28 @@ OPDA_SPACE: dict[str, BaseDistribution] = {
 _OPDA_NEEDED = ("epochs", "learning_curve")
 _OPDA_PARAMS = ("batch_size", "lr", "lr_peak_epoch", "momentum", "weight_decay",
                 "label_smoothing")
+# A schedule's length, and where each evaluation sits in it: opda's image tables count epochs
+# (an entry's ``epoch`` 0-indexed), its language-model tables steps (``total_steps``; an
+# entry's ``step``, the updates done).
+_OPDA_LENGTHS = (("epochs", "epoch", 1), ("total_steps", "step", 0))
+# An evaluation's seconds since the run began: the image tables' ``time``; the language-model
+# tables' ``eval_end_time`` (its result known), else ``train_end_time``.
+_OPDA_TIMES = ("time", "eval_end_time", "train_end_time")
+
+
+def metric_key(metric: str) -> str:
+    """The learning-curve key a ``--metric`` reads: ``top1`` and ``top5`` are opda's
+    ``top_1`` and ``top_5``; any other name is a key of the curves' entries as it stands."""
+    return {"top1": "top_1", "top5": "top_5"}.get(metric, metric)
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with the keys of a nested ``hyperparameters`` object lifted beside the others
+    (opda's language-model tables nest them; a key on both levels keeps the outer value)."""
+    nested = row.get("hyperparameters")
+    if not isinstance(nested, dict):
+        return row
+    return {**nested, **{k: v for k, v in row.items() if k != "hyperparameters"}}
 
 
 def _number(value: Any) -> float | None:
@@ -168,40 +203,53 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _opda_run(row: dict[str, Any], metric: str, where: str) -> Run:
+def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs") -> Run:
+    """One run of an opda table: ``key`` the metric's entry key, ``length`` the key of the
+    schedule's length (``_OPDA_LENGTHS``)."""
     curve = row["learning_curve"]
     if not isinstance(curve, list):
         raise TableError(f"{where}: learning_curve must be a list of evaluations")
-    key = {"top1": "top_1", "top5": "top_5"}[metric]
+    place, offset = next((i, o) for n, i, o in _OPDA_LENGTHS if n == length)
     times, values, done, losses = [], [], [], []
     broke = False      # a metric of null or NaN: the run blew up there (its later entries too)
     for i, p in enumerate(curve):
-        if not isinstance(p, dict) or _number(p.get("time")) is None or key not in p:
-            raise TableError(f"{where}: each learning_curve entry needs time and {key} "
-                             f"numbers (entry {i + 1} has {p!r:.80})")
+        clock = next((k for k in _OPDA_TIMES if isinstance(p, dict)
+                      and _number(p.get(k)) is not None), None)
+        if not isinstance(p, dict) or clock is None:
+            raise TableError(f"{where}: each learning_curve entry needs time (or "
+                             f"eval_end_time) and {key} numbers (entry {i + 1} has "
+                             f"{p!r:.80})")
+        if key not in p:
+            held = ", ".join(k for k in p if k not in _OPDA_TIMES)
+            raise TableError(f"{where}: learning_curve entry {i + 1} has no {key} (it holds "
+                             f"{held}); give --metric one of its accuracies")
         value = _number(p[key])
         if value is not None and not 0 <= value <= 1:
-            raise TableError(f"{where}: learning_curve entry {i + 1}: {key} is {value:g}; "
-                             "accuracies are shares from 0 to 1 (a percentage divided by 100)")
+            raise TableError(f"{where}: learning_curve entry {i + 1}: {key} is {value:g}; the "
+                             "target's metric is an accuracy, a share from 0 to 1 (a "
+                             "percentage divided by 100; a loss cannot be one)")
         if value is None:
             if p[key] is not None and not (isinstance(p[key], float) and math.isnan(p[key])):
                 raise TableError(f"{where}: learning_curve entry {i + 1}: {key} must be a "
                                  f"number, null or NaN, not {p[key]!r:.40}")
             broke = True
             break
-        epoch = _number(p.get("epoch"))
-        times.append(float(p["time"]))
+        at = _number(p.get(place))
+        if at is None and offset == 0:
+            raise TableError(f"{where}: learning_curve entry {i + 1} lacks {place}, the "
+                             f"{place}s done when it was taken (the run plans {length})")
+        times.append(float(p[clock]))
         values.append(value)
-        done.append((epoch if epoch is not None else i) + 1)
-        loss = p.get("train_loss")     # NaN kept: the pruner stops a trial whose loss is NaN
+        done.append((at if at is not None else i) + offset)
+        loss = p.get("train_loss", p.get("train_raw_loss"))  # NaN kept: the pruner stops it
         losses.append(float(loss) if isinstance(loss, int | float)
                       and not isinstance(loss, bool) else None)
     if any(b < a for a, b in zip(times, times[1:], strict=False)):
         raise TableError(f"{where}: learning_curve times must not decrease: each is the "
                          "seconds since the run began (cumulative), not an epoch's own")
-    epochs = float(row["epochs"])
-    diverged = broke or (bool(row.get("nan_train_loss")) and len(times) < epochs)
-    return Run(tuple(times), tuple(values), tuple(done), epochs,
+    planned = float(row[length])
+    diverged = broke or (bool(row.get("nan_train_loss")) and (not done or done[-1] < planned))
+    return Run(tuple(times), tuple(values), tuple(done), planned,
                "diverged" if diverged else "planned_epochs", losses=tuple(losses))
 
 
@@ -275,13 +323,15 @@ def _looks_log(values: list[float]) -> bool:
 
 # what an opda row holds besides hyperparameters; an id-like key is not searched
 _OPDA_OTHER = {"iteration", "nan_train_loss", "learning_curve", "id", "index", "seed", "trial",
-               "run", "num_classes", "stop_reason"}
+               "run", "num_classes", "stop_reason", "hyperparameters", "epochs",
+               "total_steps"}
 
 
-def _opda_extras(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def _opda_extras(rows: list[dict[str, Any]], length: str = "epochs"
+                 ) -> tuple[list[str], list[str]]:
     """Hyperparameters a table holds beyond opda's own: keys every run has, numbers or a
     handful of strings or flags. Returns them and notes on the keys left out."""
-    known = {"epochs", *_OPDA_PARAMS}
+    known = {length, *_OPDA_PARAMS}
     keys = [k for k in rows[0] if k not in known and k.lower() not in _OPDA_OTHER]
     extras, notes = [], []
     for key in keys:
@@ -306,34 +356,47 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
          ) -> Table:
     """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target``.
 
-    Each run needs ``epochs`` and ``learning_curve``; its hyperparameters are those of opda's
-    ConvNeXt search (``batch_size``, ``lr``, ``lr_peak_epoch``, ``momentum``, ``weight_decay``,
-    ``label_smoothing``) that every run of the table holds: a table that did not search one
-    is searched without it. A metric of null or NaN ends a run there, as diverged.
-    ``num_classes`` (for chance accuracy): given, else the rows' ``num_classes``, else 1000
-    (ImageNet's, opda's own tables), said in a note."""
-    rows = _read_lines(path)
+    Each run needs ``learning_curve`` and its schedule's length: ``epochs`` (opda's image
+    tables: each entry's ``epoch`` 0-indexed, its ``time``) or ``total_steps`` (opda's
+    language-model tables: each entry's ``step`` and ``eval_end_time``; hyperparameters nested
+    under ``hyperparameters``). It is searched over the hyperparameters every run holds: those
+    of opda's ConvNeXt search (``batch_size``, ``lr``, ``lr_peak_epoch``, ``momentum``,
+    ``weight_decay``, ``label_smoothing``) and any others (``_opda_extras``). ``metric``:
+    ``top1``, ``top5`` or the key of another accuracy in the entries (``val_raw_accuracy``).
+    A metric of null or NaN ends a run there, as diverged. ``num_classes`` (for chance
+    accuracy): given, else the rows' ``num_classes``, else 1000 for top-1 and top-5 (ImageNet's,
+    opda's image tables), said in a note; unknown for another metric."""
+    rows = [_flat(row) for row in _read_lines(path)]
+    key = metric_key(metric)
+    length = next((n for n, _, _ in _OPDA_LENGTHS if n in rows[0]), "epochs")
     for number, row in enumerate(rows, start=1):
-        missing = [k for k in _OPDA_NEEDED if k not in row]
+        if "learning_curve" not in row and "learning_curves" in row:
+            raise TableError(f"{path}, line {number}, has learning_curves by validation set "
+                             "and no learning_curve: an opda run for a time-to-accuracy "
+                             "replay has one learning_curve whose entries hold the seconds "
+                             "since the run began (time or eval_end_time)")
+        missing = [k for k in (length, "learning_curve") if k not in row]
         if missing:
             raise TableError(f"{path}, line {number}, lacks {', '.join(missing)}; an opda run "
-                             f"has {', '.join(_OPDA_NEEDED)} and hyperparameters among "
-                             f"{', '.join(_OPDA_PARAMS)}")
-        for key in ("epochs", *_OPDA_PARAMS):
-            if key not in row:
+                             "has learning_curve, its schedule's length (epochs, or "
+                             "total_steps) and hyperparameters (opda's own: "
+                             f"{', '.join(_OPDA_PARAMS)}, or any others)")
+        for name in (length, *_OPDA_PARAMS):
+            if name not in row:
                 continue
-            value = _number(row[key])
-            if key in ("epochs", "batch_size") and (value is None or value <= 0):
-                raise TableError(f"{path}, line {number}: {key} must be a positive number")
+            value = _number(row[name])
+            if name in (length, "batch_size") and (value is None or value <= 0):
+                raise TableError(f"{path}, line {number}: {name} must be a positive number")
             if value is None:
-                raise TableError(f"{path}, line {number}: {key} must be a number, not "
-                                 f"{row[key]!r:.40}")
-    held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)]
-    extras, notes = _opda_extras(rows)
-    names = ["epochs", *("lr_peak_share" if k == "lr_peak_epoch" else k for k in held),
+                raise TableError(f"{path}, line {number}: {name} must be a number, not "
+                                 f"{row[name]!r:.40}")
+    held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)
+            and (k != "lr_peak_epoch" or length == "epochs")]
+    extras, notes = _opda_extras(rows, length)
+    names = [length, *("lr_peak_share" if k == "lr_peak_epoch" else k for k in held),
              *extras]
     points = [_opda_point(row, names) for row in rows]
-    runs = [_opda_run(row, metric, f"{path}, line {number}")
+    runs = [_opda_run(row, key, f"{path}, line {number}", length)
             for number, row in enumerate(rows, start=1)]
     fixed = [n for n in names if len({repr(p[n]) for p in points}) < 2]
     if fixed and len(fixed) == len(names):
@@ -347,14 +410,18 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
               for k in {k: None for row in rows for k in row}
               if k not in held and k not in _OPDA_NEEDED and k.lower() not in _OPDA_OTHER
               and not all(k in row for row in rows)]
-    if extras:
-        notes.append(f"searched besides opda's own hyperparameters: {', '.join(extras)}")
+    searched = [e for e in extras if e in names]
+    if searched:
+        notes.append(f"searched besides opda's own hyperparameters: {', '.join(searched)}")
     if num_classes is None:
         num_classes = _classes_of(rows, path)
-        if num_classes is None:
+        if num_classes is None and metric in ("top1", "top5"):
             num_classes = 1000
             notes.append("1,000 classes assumed (ImageNet's) for chance accuracy; give "
                          "--num-classes for another data set")
+        elif num_classes is None:
+            notes.append(f"chance accuracy of {metric} unknown: the at-chance rules are off "
+                         "(give --num-classes to set it)")
     # A run whose loss went NaN before its first evaluation: it cost about half an epoch.
     firsts = [r.times[0] for r in runs if r.times]
     if not firsts:
@@ -368,7 +435,8 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
             runs[i] = Run(r.times, r.values, r.epochs, r.planned_epochs, "diverged",
                           end_s=r.times[-1] + 0.5 * gap, losses=r.losses)
     return Table(f"opda:{path.name}", target, runs, space, _nearest(space, points, runs),
-                 num_classes=num_classes, metric=metric, notes=notes,
+                 num_classes=num_classes, metric="top5" if metric == "top5" else "top1",
+                 metric_name="" if metric in ("top1", "top5") else metric, notes=notes,
                  credit="in opda's format (Lourie et al., arXiv 2311.09480); credit whoever "
                         "recorded it (opda's own ConvNeXt-tiny curves: CC BY-SA 4.0)")
 
@@ -516,8 +584,6 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
     (an autotune-recorded table). ``metric``: ``top1``, or ``top5`` (opda tables only: their
     curves hold ``top_5``; DAWNBench's metric). ``num_classes``: the classes of an opda
     table's data set (chance accuracy; default: what its rows say, else 1000)."""
-    if metric not in ("top1", "top5"):
-        raise TableError(f"metric must be top1 or top5, got {metric!r}")
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in ("opda", "yahpo-lcbench", "autotune"):
         if sep and len(kind) > 1 and not Path(spec).exists():   # C:\... is a path
@@ -526,8 +592,11 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
                              "that `record` wrote")
         kind, rest = "autotune", spec
     if kind != "opda" and metric != "top1":
-        raise TableError(f"--metric {metric} needs an opda table (its curves hold top_5); "
-                         f"{spec} has one accuracy: leave --metric at top1")
+        raise TableError(f"--metric {metric} needs an opda table (its curves hold top_5 and "
+                         f"may hold others); {spec} has one accuracy: leave --metric at top1")
+    if not metric or not all(c.isalnum() or c in "_-." for c in metric):
+        raise TableError(f"--metric must be top1, top5 or the name of an accuracy in an opda "
+                         f"table's learning curves, got {metric!r}")
     if num_classes is not None and kind != "opda":
         raise TableError(f"--num-classes is for opda tables; {spec} knows its own classes "
                          "(or has none to give): leave it out")
