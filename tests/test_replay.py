@@ -91,6 +91,16 @@ def test_an_opda_table_may_come_compressed_and_a_binary_file_is_refused(tmp_path
     broken.write_bytes(b"not gzip at all")
     with pytest.raises(TableError, match="cannot read .* as JSON-lines text"):
         load_table(f"opda:{broken}", 0.7)
+    array = tmp_path / "tuning.results.json"      # one JSON array of runs, as some tools save
+    array.write_text(json.dumps([json.loads(line) for line in plain.read_text().splitlines()],
+                                indent=2))
+    assert len(load_table(f"opda:{array}", 0.7).runs) == 6
+    array.write_text('[{"epochs": 3, "learning_curve": []}, 7]')
+    with pytest.raises(TableError, match="JSON array whose items are not all objects"):
+        load_table(f"opda:{array}", 0.7)
+    array.write_text('[{"epochs": 3,')
+    with pytest.raises(TableError, match="starts as a JSON array but is not JSON"):
+        load_table(f"opda:{array}", 0.7)
     binary = tmp_path / "weights.jsonl"
     binary.write_bytes(bytes(range(256)))
     with pytest.raises(TableError, match="cannot read .* as JSON-lines text"):

@@ -141,6 +141,17 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError, EOFError) as e:
         raise TableError(f"cannot read {path} as JSON-lines text ({e}); give a .jsonl file, "
                          "or one compressed with gzip (.jsonl.gz)") from None
+    if text.lstrip().startswith("["):       # a JSON array of runs, as some tools save them
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TableError(f"{path} starts as a JSON array but is not JSON ({e.msg} at line "
+                             f"{e.lineno}); give one JSON object a line, or a JSON array of "
+                             "them") from None
+        if not all(isinstance(row, dict) for row in whole):
+            raise TableError(f"{path} is a JSON array whose items are not all objects; each "
+                             "run is one JSON object")
+        text = "\n".join(json.dumps(row) for row in whole)
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
