@@ -180,7 +180,6 @@ OPDA_SPACE: dict[str, BaseDistribution] = {
     "weight_decay": FloatDistribution(1e-6, 1e-3, log=True),
     "label_smoothing": FloatDistribution(0.0, 0.5),
 }
-_OPDA_NEEDED = ("epochs", "learning_curve")
 _OPDA_PARAMS = ("batch_size", "lr", "lr_peak_epoch", "momentum", "weight_decay",
                 "label_smoothing")
 # A schedule's length, and where each evaluation sits in it: opda's image tables count epochs
@@ -419,7 +418,7 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
     space = _opda_space(points, names)
     notes += [f"{k} is not in every run: searched without it"
               for k in {k: None for row in rows for k in row}
-              if k not in held and k not in _OPDA_NEEDED and k.lower() not in _OPDA_OTHER
+              if k not in held and k.lower() not in _OPDA_OTHER
               and not all(k in row for row in rows)]
     searched = [e for e in extras if e in names]
     if searched:
