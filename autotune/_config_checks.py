@@ -83,7 +83,10 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
           "target.metric", f"{cfg.target.metric!r} is not allowed; use one of "
           f"{', '.join(_METRICS)} (a script of your own may report any other name it gives "
           "trial.report)")
-    check(0.0 < cfg.target.value <= 1.0, "target.value", f"{cfg.target.value} is outside (0, 1]")
+    check(0.0 < cfg.target.value <= 1.0, "target.value",
+          f"{cfg.target.value} is outside (0, 1]"
+          + ("; give the accuracy as a share of 1 (0.7 for 70%)"
+             if 1.0 < cfg.target.value < math.inf else ""))
     check(b.n_trials is None or 1 <= b.n_trials <= 1_000_000, "budget.n_trials",
           f"must be a positive integer up to 1000000, got {b.n_trials}")
     check(b.timeout_s is None or 0 < b.timeout_s < math.inf, "budget.timeout_s",

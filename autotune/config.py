@@ -130,11 +130,19 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
     path = Path(source)
     if not path.suffix and source in shipped_studies():
         path = Path(str(resources.files("autotune") / "studies" / f"{source}.yaml"))
+    if path.is_dir():
+        raise ConfigError(f"study file {source!r} is a folder; give a YAML or TOML file in it "
+                          "or a shipped study")
     if not path.is_file():
         names = ", ".join(shipped_studies())
         raise ConfigError(f"study file {source!r} not found; give a YAML or TOML file or a "
                           f"shipped study ({names})")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else \
+            (e.strerror or str(e))
+        raise ConfigError(f"study file {source!r} cannot be read: {reason}") from None
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)

@@ -113,6 +113,9 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
     rows, left = curves(study.get_trials(deepcopy=False),
                         classes if isinstance(classes, int) and classes >= 2 else None, every)
     if not rows:
+        if every:
+            raise ConfigError(f"study {study_name!r} has no trial with an evaluation to "
+                              f"export (finished: {_counts(left) or 'none'})")
         raise ConfigError(f"study {study_name!r} has no trial with a whole curve to export "
                           f"(finished: {_counts(left) or 'none'}); --all writes the trials "
                           "a pruner stopped too")

@@ -129,6 +129,8 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
         "target: {metric: top5}\ntrainer: {data: {kind: synthetic, num_classes: 5}}\n",
         "target.metric top5 on data of 5 classes: the label is always among the top 5"),
     "target above 1": ("target: {value: 1.5}\n", "outside (0, 1]"),
+    "target a percentage": ("target: {value: 70}\n", "outside (0, 1]; give the accuracy as a "
+                            "share of 1 (0.7 for 70%)"),
     "target negative": ("target: {value: -0.1}\n", "outside (0, 1]"),
     "target infinite": ("target: {value: .inf}\n", "outside (0, 1]"),
     "target nan": ("target: {value: .nan}\n", "outside (0, 1]"),
@@ -285,6 +287,8 @@ def test_a_bad_flag_is_refused_in_one_line_naming_it(case, workdir, capsys):
 VERBS = {
     "missing study file": (["start", "study", "nope.yaml"], "study file 'nope.yaml' not found"),
     "study file of unknown type": (["start", "study", "afile"], "unknown file type"),
+    "study file a folder": (["start", "study", "adir.yaml"], "'adir.yaml' is a folder"),
+    "study file not UTF-8": (["start", "study", "latin.yaml"], "cannot be read: not UTF-8"),
     "db upgrade of a missing SQLite file": (["db", "upgrade", "--storage", "sqlite:///n.db"],
                                             "no database at"),
     "status of a missing database": (["status", "nosuch"], "no study database at"),
@@ -332,6 +336,8 @@ VERBS = {
 def test_a_bad_command_is_refused_in_one_line_and_writes_nothing(case, workdir, capsys):
     argv, expected = VERBS[case]
     (workdir / "afile").write_text("x")
+    (workdir / "adir.yaml").mkdir()
+    (workdir / "latin.yaml").write_bytes(b"study_name: caf\xe9\n")
     _refused(argv, expected, workdir, capsys)
 
 

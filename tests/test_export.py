@@ -110,10 +110,14 @@ def test_an_exported_study_replays_under_every_tuner(tmp_path, capsys):
     ("out in a missing folder", "no folder"),
     ("nothing whole", "has no trial with a whole curve to export (finished: 1 rung)"),
     ("out not writable", "cannot write --out /proc/curves.jsonl"),
+    ("nothing evaluated, --all", "has no trial with an evaluation to export (finished: 1 "
+                                 "study_timeout)"),
 ])
 def test_export_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, case, expected):
     whole = case == "out not writable"           # one trial to write, nowhere to write it
-    storage = _study_file(tmp_path, [_trial(0, "reached" if whole else "rung",
+    every = case.endswith("--all")           # a trial stopped before its first evaluation
+    storage = _study_file(tmp_path, [_trial(0, "study_timeout", []) if every else
+                                     _trial(0, "reached" if whole else "rung",
                                             _rows(9 if whole else 2, 8))])
     out = {"out a folder": tmp_path, "out in a missing folder": tmp_path / "no" / "c.jsonl",
            "out not writable": Path("/proc/curves.jsonl")}.get(case, tmp_path / "c.jsonl")
@@ -122,7 +126,7 @@ def test_export_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, case, e
 
     before = written()
     code = main(["export", "curves", "other" if case == "no study" else "mine",
-                 "--storage", storage, "--out", str(out)])
+                 "--storage", storage, "--out", str(out), *(["--all"] if every else [])])
     err = capsys.readouterr().err
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
     assert written() == before
