@@ -51,7 +51,7 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
     trials = study.get_trials(deepcopy=False)
     now = datetime.now(UTC).replace(tzinfo=None)
     echo(f"study {study_name!r} in {redact(storage)}: {len(trials)} trial(s)")
-    echo(f"{'trial':>5}  {'state':8}  {'outcome':10}  {'reason':14}  {'value':>9}  params")
+    echo(f"{'trial':>5}  {'state':8}  {'outcome':10}  {'reason':14}  {'seconds':>9}  params")
     best = None
     for t in trials:
         outcome = t.user_attrs.get(record.OUTCOME, "")
