@@ -245,6 +245,13 @@ def test_an_opda_table_counted_in_steps_replays_any_accuracy_it_holds(tmp_path):
         assert outcome.trials == 12 and min(s for _, _, s in outcome.spent) >= 60.0
     with pytest.raises(TableError, match="no run of table .* reaches val_raw_accuracy >= 0.9"):
         _ = load_table(f"opda:{path}", 0.9, metric="val_raw_accuracy").best_tta
+    # a warm-up counted in epochs beside a schedule counted in steps: searched as it is
+    peaked = [{**line, "hyperparameters": {**line["hyperparameters"], "lr_peak_epoch": i % 5}}
+              for i, line in enumerate(lines)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in peaked))
+    table = load_table(f"opda:{path}", 0.40, metric="val_raw_accuracy")
+    assert "lr_peak_epoch" in table.space and "lr_peak_share" not in table.space
+    assert (table.space["lr_peak_epoch"].low, table.space["lr_peak_epoch"].high) == (0, 4)
     del lines[2]["learning_curve"][1]["step"]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with pytest.raises(TableError, match="line 3: learning_curve entry 2 lacks step"):

@@ -400,11 +400,12 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
             if value is None:
                 raise TableError(f"{path}, line {number}: {name} must be a number, not "
                                  f"{row[name]!r:.40}")
-    held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)
-            and (k != "lr_peak_epoch" or length == "epochs")]
+    held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)]
     extras, notes = _opda_extras(rows, length)
-    names = [length, *("lr_peak_share" if k == "lr_peak_epoch" else k for k in held),
-             *extras]
+    # the warm-up's end as a share of the schedule where both count epochs; a step table's
+    # lr_peak_epoch is searched as the number it is
+    names = [length, *("lr_peak_share" if k == "lr_peak_epoch" and length == "epochs" else k
+                       for k in held), *extras]
     points = [_opda_point(row, names) for row in rows]
     runs = [_opda_run(row, key, f"{path}, line {number}", length)
             for number, row in enumerate(rows, start=1)]
