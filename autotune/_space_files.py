@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._params import Categorical, Fixed, InfeasiblePoint
+from ._params import Categorical, Fixed, Float, InfeasiblePoint, Int
 from ._searchspace import SearchSpace, _import_file
 from .errors import SpaceError
 
@@ -57,6 +57,8 @@ def check_space(space: SearchSpace, points: int = 64, own: Iterable[str] = ()) -
             problems.extend(value_problems(p.name, p.choices))
         elif isinstance(p, Fixed):
             problems.extend(value_problems(p.name, [p.value]))
+        elif isinstance(p, Float | Int):     # a range's ends: the plan's limits are intervals
+            problems.extend(value_problems(p.name, [p.low, p.high]))
     for n, point in enumerate(space.warm_starts, 1):
         if isinstance(point, dict):
             problems.extend(f"warm start {n}: {why}" for why in schedule_problems(point))

@@ -109,6 +109,17 @@ CHOICES: dict[str, tuple[str, ...]] = {"decay": tuple(DECAYS), "optimizer": OPTI
 
 SIZES = ("res_start", "res_end", "res_mid", "eval_res")   # pixels; 0: the data's own
 
+# Numeric plan parameters the plan refuses outside an interval: name -> (what it says, test).
+LIMITS: dict[str, tuple[str, Any]] = {
+    "epochs": (">= 1", lambda v: int(v) >= 1),
+    "warmup_epochs": (">= 0", lambda v: v >= 0),
+    "label_smoothing": ("in [0, 1)", lambda v: 0 <= v < 1),
+    "lr_per_256": ("> 0", lambda v: v > 0),
+    "grad_clip_norm": (">= 0 (0: no clipping)", lambda v: v >= 0),
+    "res_ramp_start": ("a share of the schedule, in [0, 1]", lambda v: 0 <= v <= 1),
+    "res_ramp_end": ("a share of the schedule, in [0, 1]", lambda v: 0 <= v <= 1),
+}
+
 
 def value_problems(name: str, values: Iterable[Any]) -> list[str]:
     """What is wrong with the values a search space may give plan parameter ``name``."""
@@ -117,6 +128,11 @@ def value_problems(name: str, values: Iterable[Any]) -> list[str]:
                 f"to {MAX_SIZE}, or 0 for the data's own" for v in values
                 if v != 0 and not (isinstance(v, int | float) and float(v).is_integer()
                                    and MIN_SIZE <= v <= MAX_SIZE)]
+    if name in LIMITS:
+        said, ok = LIMITS[name]
+        return [f"{name}: {v!r} is outside what the training plan takes; {name} must be {said}"
+                for v in values if isinstance(v, int | float) and not isinstance(v, bool)
+                and not (math.isfinite(v) and ok(v))]
     allowed = CHOICES.get(name)
     if allowed is None:
         return []

@@ -54,6 +54,13 @@ CASES = {
                                    "arithmetic takes numbers, got str and int"),
     "derived that always fails": ('Derived("warmup_epochs", "epochs / 0")',
                                   "none of 64 random points is feasible"),
+    # ranges reaching past what the training plan takes: each would fail its trials one by one
+    "label smoothing up to 1": ('Float("label_smoothing", 0.0, 1.0)',
+                                "label_smoothing: 1.0 is outside what the training plan takes; "
+                                "label_smoothing must be in [0, 1)"),
+    "warmup below 0": ('Float("warmup_epochs", -1.0, 1.0)', "warmup_epochs must be >= 0"),
+    "clipping norm a negative choice": ('Categorical("grad_clip_norm", [0.0, -1.0])',
+                                        "grad_clip_norm: -1.0 is outside"),
 }
 
 
