@@ -38,3 +38,15 @@ def test_ranks_stay_only_when_they_serve_and_the_trial_ended_well():
     assert not protocol.ranks_stay(False, {"reason": "bound"})      # the program does not serve
     assert not protocol.ranks_stay(True, None)                       # no end report
     assert not protocol.ranks_stay(True, {"reason": "oom"})
+
+
+def test_an_evaluation_is_checked_for_its_target_metric_as_a_share():
+    """A trainer reporting a percentage (85.3 for 85.3%) would 'reach' any target at its first
+    evaluation and win the study; it fails its trial with what to send instead."""
+    ok = {"type": "eval", "elapsed_s": 3.0, "top1": 0.853}
+    assert protocol.report_problem(ok, "top1") is None
+    assert protocol.report_problem({**ok, "top1": float("nan")}, "top1") is None
+    for bad in (85.3, -0.1):
+        problem = protocol.report_problem({**ok, "top1": bad}, "top1")
+        assert problem is not None and "a share from 0 to 1" in problem, problem
+    assert "without the target metric" in protocol.report_problem({**ok, "top1": "x"}, "top1")

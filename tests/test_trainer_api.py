@@ -158,6 +158,9 @@ def test_a_report_without_the_target_metric_or_before_start_says_what_to_do(tmp_
     trial.step_done()
     with pytest.raises(ValueError, match="needs the study's target metric 'top1'; it got acc"):
         trial.report(acc=0.5)
+    with pytest.raises(ValueError, match="got top1=85.3; the target metric is an accuracy, "
+                                         "a share from 0 to 1"):
+        trial.report(top1=85.3)
 
 
 def test_a_script_that_leaves_its_loop_early_ends_as_such(tmp_path):

@@ -322,6 +322,11 @@ class Trial:
         if metric not in metrics:
             raise ValueError(f"trial.report() needs the study's target metric {metric!r}; "
                              f"it got {', '.join(metrics) or 'nothing'}")
+        value = metrics[metric]
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and math.isfinite(value) and not 0 <= value <= 1:
+            raise ValueError(f"trial.report() got {metric}={value:g}; the target metric is an "
+                             "accuracy, a share from 0 to 1 (a percentage divided by 100)")
         cost = time.perf_counter() - self._mark
         self.last_eval_cost = cost
         st["eval_s"] += cost

@@ -65,6 +65,9 @@ def report_problem(msg: dict[str, Any], metric: str) -> str | None:
         if not (isinstance(value, int | float) and not isinstance(value, bool)):
             return (f"an evaluation without the target metric {metric!r} as a number "
                     f"(got {value!r}; keys: {', '.join(map(str, msg))})")
+        if math.isfinite(value) and not 0 <= value <= 1:
+            return (f"an evaluation whose {metric} is {value:g}; the target metric is an "
+                    "accuracy, a share from 0 to 1 (a percentage divided by 100)")
         if not _number(msg.get("elapsed_s")):
             return f"an evaluation whose elapsed_s is {msg.get('elapsed_s')!r}"
     if kind == "checkpoint" and not (isinstance(msg.get("path"), str)
