@@ -113,6 +113,9 @@ for trial in api.trials():
     if mode == "garbage":
         trial.step_done()
         trial.reporter.send({"type": "eval", "elapsed_s": 0.5, "top1": "very high"})
+    if mode == "percent":                             # 85.3 for 85.3%: would "reach" at once
+        trial.step_done()
+        trial.reporter.send({"type": "eval", "elapsed_s": 0.5, "top1": 85.3})
     while trial.running:
         if trial.step_done(0.1):
             trial.report(top1=0.99)
@@ -122,7 +125,7 @@ MODES_SPACE = '''
 from autotune import Categorical, SearchSpace
 
 def space(world_size):
-    modes = ["silent", "garbage", "crash", "fine"]
+    modes = ["silent", "garbage", "crash", "percent", "fine"]
     base = {"global_batch": 64, "lr_per_256": 0.1, "epochs": 2}
     return SearchSpace(Categorical("global_batch", [64]), Categorical("lr_per_256", [0.1]),
                        Categorical("epochs", [2]), Categorical("mode", modes),
@@ -138,17 +141,20 @@ def test_a_script_that_exits_silently_reports_garbage_or_crashes_fails_its_trial
     (tmp_path / "study.yaml").write_text(yaml.safe_dump({
         "study_name": "modes", "search_space": "space.py",
         "trainer": {"program": "train.py", "params": ["mode"], "eval_every_steps": 5},
-        "budget": {"n_trials": 4, "max_trial_s": 30}, "ranks_per_trial": 1}))
+        "budget": {"n_trials": 5, "max_trial_s": 30}, "ranks_per_trial": 1}))
     done = run_cli("start", "study", "study.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     trials = optuna.load_study(study_name="modes",
                                storage=f"sqlite:///{tmp_path / 'autotune.db'}").trials
     ends = {t.params["mode"]: t for t in trials}
-    assert [t.params["mode"] for t in trials] == ["silent", "garbage", "crash", "fine"]
+    assert [t.params["mode"] for t in trials] == ["silent", "garbage", "crash", "percent",
+                                                  "fine"]
     for mode, reason, said in [("silent", "crashed", "trainer exited with code 0"),
                                ("garbage", "bad_report", "without the target metric 'top1' as "
                                                          "a number (got 'very high'"),
-                               ("crash", "crashed", "boom in the script's own loop")]:
+                               ("crash", "crashed", "boom in the script's own loop"),
+                               ("percent", "bad_report", "top1 is 85.3; the target metric is "
+                                                         "an accuracy, a share from 0 to 1")]:
         attrs = ends[mode].user_attrs
         assert ends[mode].state.name == "FAIL", mode
         assert (attrs["outcome"], attrs["stop_reason"]) == ("failed", reason), attrs
