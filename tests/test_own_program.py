@@ -115,7 +115,8 @@ for trial in api.trials():
         trial.reporter.send({"type": "eval", "elapsed_s": 0.5, "top1": "very high"})
     if mode == "percent":                             # 85.3 for 85.3%: would "reach" at once
         trial.step_done()
-        trial.reporter.send({"type": "eval", "elapsed_s": 0.5, "top1": 85.3})
+        trial.reporter.send({"type": "eval", "elapsed_s": 0.5, "top1": 85.3, "epoch": 0.1,
+                             "index": 0})
     while trial.running:
         if trial.step_done(0.1):
             trial.report(top1=0.99)

@@ -43,10 +43,14 @@ def test_ranks_stay_only_when_they_serve_and_the_trial_ended_well():
 def test_an_evaluation_is_checked_for_its_target_metric_as_a_share():
     """A trainer reporting a percentage (85.3 for 85.3%) would 'reach' any target at its first
     evaluation and win the study; it fails its trial with what to send instead."""
-    ok = {"type": "eval", "elapsed_s": 3.0, "top1": 0.853}
+    ok = {"type": "eval", "elapsed_s": 3.0, "top1": 0.853, "epoch": 1.5, "index": 2}
     assert protocol.report_problem(ok, "top1") is None
     assert protocol.report_problem({**ok, "top1": float("nan")}, "top1") is None
     for bad in (85.3, -0.1):
         problem = protocol.report_problem({**ok, "top1": bad}, "top1")
         assert problem is not None and "a share from 0 to 1" in problem, problem
     assert "without the target metric" in protocol.report_problem({**ok, "top1": "x"}, "top1")
+    # what the worker stores of each evaluation: a report lacking it fails its trial only
+    no_epoch = {k: v for k, v in ok.items() if k != "epoch"}
+    assert "epoch (epochs done" in protocol.report_problem(no_epoch, "top1")
+    assert "index (0, 1, 2" in protocol.report_problem({**ok, "index": -1}, "top1")

@@ -70,6 +70,12 @@ def report_problem(msg: dict[str, Any], metric: str) -> str | None:
                     "accuracy, a share from 0 to 1 (a percentage divided by 100)")
         if not _number(msg.get("elapsed_s")):
             return f"an evaluation whose elapsed_s is {msg.get('elapsed_s')!r}"
+        if not _number(msg.get("epoch")):
+            return (f"an evaluation whose epoch (epochs done, a number >= 0) is "
+                    f"{msg.get('epoch')!r}")
+        index = msg.get("index")
+        if not (isinstance(index, int) and not isinstance(index, bool) and index >= 0):
+            return f"an evaluation whose index (0, 1, 2, ...) is {index!r}"
     if kind == "checkpoint" and not (isinstance(msg.get("path"), str)
                                      and _number(msg.get("elapsed_s"))):
         return f"a checkpoint report without a path and elapsed_s ({str(msg)[:120]})"
