@@ -76,12 +76,18 @@ def _finite_or_none(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _number_or_none(value: Any) -> float | None:
+    """An accuracy as reported (NaN kept: the pruner reads it), None for what is no number."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 # -- an evaluation report -----------------------------------------------------------------------
 def curve_row(msg: dict[str, Any], planned_epochs: float) -> list[Any]:
     """The stored row of an evaluation: ``[elapsed_s, top1, top5, progress, loss]``, progress
     being the share of the planned schedule done (epochs done / planned epochs), and the
     gradient noise scale after them when the trainer measured one."""
-    row = [round(float(msg["elapsed_s"]), 3), msg.get("top1"), msg.get("top5"),
+    row = [round(float(msg["elapsed_s"]), 3), _number_or_none(msg.get("top1")),
+           _number_or_none(msg.get("top5")),
            round(float(msg["epoch"]) / planned_epochs, 4), _finite_or_none(msg.get("loss"))]
     noise = _finite_or_none(msg.get("noise_scale"))
     return row if noise is None else [*row, round(noise, 1)]

@@ -136,6 +136,9 @@ def test_the_curve_row_is_progress_through_the_planned_schedule():
     row = curve_row({"elapsed_s": 3.14159, "top1": 0.5, "top5": 0.9, "epoch": 1.5,
                      "loss": float("nan")}, planned_epochs=6)
     assert row == [3.142, 0.5, 0.9, 0.25, None]
+    # a metric beside the target that is no number (a script's own report) is stored as none
+    assert curve_row({"elapsed_s": 1, "top1": 0.5, "top5": "high", "epoch": 3},
+                     planned_epochs=6)[2] is None
 
 
 def test_an_end_report_is_classified_by_its_reason():

@@ -54,3 +54,7 @@ def test_an_evaluation_is_checked_for_its_target_metric_as_a_share():
     no_epoch = {k: v for k, v in ok.items() if k != "epoch"}
     assert "epoch (epochs done" in protocol.report_problem(no_epoch, "top1")
     assert "index (0, 1, 2" in protocol.report_problem({**ok, "index": -1}, "top1")
+    start = {"type": "start", "setup_s": 0.1}
+    assert protocol.report_problem(start, "top1") is None
+    assert "resumed_at_s is 'x'" in protocol.report_problem({**start, "resumed_at_s": "x"},
+                                                           "top1")

@@ -60,6 +60,9 @@ def report_problem(msg: dict[str, Any], metric: str) -> str | None:
         shown = msg.get("line", msg)
         return (f"a report of unknown type {kind!r} ({str(shown)[:120]}); a trainer sends "
                 "start, eval, checkpoint and end (trainers.api does)")
+    if kind == "start" and msg.get("resumed_at_s") is not None \
+            and not _number(msg.get("resumed_at_s")):
+        return f"a start report whose resumed_at_s is {msg.get('resumed_at_s')!r}"
     if kind == "eval":
         value = msg.get(metric)
         if not (isinstance(value, int | float) and not isinstance(value, bool)):
