@@ -87,6 +87,12 @@ def open_storage(url: str, create: bool = True) -> Any:
                                f"the study server at {address}")
     if not create:
         _require_existing(url)
+    db = database_url(url)
+    if db.startswith("sqlite:///") and db != "sqlite:///:memory:":
+        folder = Path(db.removeprefix("sqlite:///")).parent
+        if not folder.is_dir():
+            raise ConfigError(f"cannot open storage {redact(url)!r}: no folder {folder}; "
+                              "create it first, or give a path in a folder that exists")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
