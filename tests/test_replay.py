@@ -59,6 +59,23 @@ def test_an_opda_file_becomes_a_table_of_runs(tmp_path):
                         "momentum": 0.9, "weight_decay": 5e-5, "label_smoothing": 0.1}) is fast
 
 
+def test_an_opda_table_counting_epochs_from_one_is_read_as_epochs_done(tmp_path):
+    """Another tool's export may number its entries 1, 2, ... E: an entry at a run's last
+    epoch, none at 0. Read as opda's 0-indexed count, every run would overshoot its schedule."""
+    path = _opda_file(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        for entry in row["learning_curve"]:
+            entry["epoch"] += 1
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = load_table(f"opda:{path}", 0.70)
+    fast = table.runs[0]
+    assert fast.epochs[:2] == (1.0, 2.0) and fast.epochs[-1] == fast.planned_epochs == 20
+    assert any("count epochs from 1" in n for n in table.notes)
+    assert not any("count epochs from 1" in n
+                   for n in load_table(f"opda:{_opda_file(tmp_path)}", 0.70).notes)
+
+
 @pytest.mark.parametrize("content, message", [
     ("not json\n", "line 1, is not JSON"),
     ('{"epochs": 3}\n', "lacks learning_curve"),

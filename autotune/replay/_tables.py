@@ -213,13 +213,16 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs") -> Run:
+def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
+              offset: int | None = None) -> Run:
     """One run of an opda table: ``key`` the metric's entry key, ``length`` the key of the
-    schedule's length (``_OPDA_LENGTHS``)."""
+    schedule's length (``_OPDA_LENGTHS``); ``offset``: what to add to an entry's count to get
+    the units done (None: the layout's own, 1 for opda's 0-indexed epochs)."""
     curve = row["learning_curve"]
     if not isinstance(curve, list):
         raise TableError(f"{where}: learning_curve must be a list of evaluations")
-    place, offset = next((i, o) for n, i, o in _OPDA_LENGTHS if n == length)
+    place, own = next((i, o) for n, i, o in _OPDA_LENGTHS if n == length)
+    offset = own if offset is None else offset
     times, values, done, losses = [], [], [], []
     broke = False      # a metric of null or NaN: the run blew up there (its later entries too)
     for i, p in enumerate(curve):
@@ -261,6 +264,23 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs")
     diverged = broke or (bool(row.get("nan_train_loss")) and (not done or done[-1] < planned))
     return Run(tuple(times), tuple(values), tuple(done), planned,
                "diverged" if diverged else "planned_epochs", losses=tuple(losses))
+
+
+def _counts_from_one(rows: list[dict[str, Any]]) -> bool:
+    """Whether a table's entries number epochs from 1, not from 0 as opda's do: no entry of
+    any run is at epoch 0 and some entry is at its run's planned number of epochs (which a
+    0-indexed count never reaches)."""
+    seen_zero = reaches_end = False
+    for row in rows:
+        planned = _number(row.get("epochs"))
+        curve = row.get("learning_curve")
+        for entry in curve if isinstance(curve, list) else []:
+            epoch = _number(entry.get("epoch")) if isinstance(entry, dict) else None
+            if epoch is None:
+                continue
+            seen_zero = seen_zero or epoch == 0
+            reaches_end = reaches_end or (planned is not None and epoch >= planned)
+    return reaches_end and not seen_zero
 
 
 def _opda_point(row: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -407,7 +427,12 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
     names = [length, *("lr_peak_share" if k == "lr_peak_epoch" and length == "epochs" else k
                        for k in held), *extras]
     points = [_opda_point(row, names) for row in rows]
-    runs = [_opda_run(row, key, f"{path}, line {number}", length)
+    offset = None
+    if length == "epochs" and _counts_from_one(rows):
+        offset = 0
+        notes.append("the entries count epochs from 1 (no entry at epoch 0, and some at a "
+                     "run's last epoch): read as epochs done")
+    runs = [_opda_run(row, key, f"{path}, line {number}", length, offset)
             for number, row in enumerate(rows, start=1)]
     fixed = [n for n in names if len({repr(p[n]) for p in points}) < 2]
     if fixed and len(fixed) == len(names):
