@@ -52,6 +52,16 @@ def finished(study: optuna.Study) -> list[FrozenTrial]:
     return record.finished(study.get_trials(deepcopy=False))
 
 
+def budget_left(study: optuna.Study, n_trials: int | None) -> bool:
+    """Whether the study holds fewer than ``n_trials`` finished and running trials, counted
+    over every worker, local or remote (None: no trial budget)."""
+    if n_trials is None:
+        return True
+    trials = study.get_trials(deepcopy=False)
+    running = sum(t.state == TrialState.RUNNING for t in trials)
+    return len(record.finished(trials)) + running < n_trials
+
+
 def _counts(trials: list[FrozenTrial]) -> dict[str, int]:
     counts = {"reached": 0, "censored": 0, "failed": 0}
     for t in trials:

@@ -19,7 +19,7 @@ import optuna
 from . import record
 from ._channel import is_server_url
 from ._config_checks import cadence_warning
-from ._console import Print, finished, format_result, result_of, summarize
+from ._console import Print, budget_left, finished, format_result, result_of, summarize
 from ._study_setup import check_resumed_config, prepare
 from .config import StudyConfig, redact
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
@@ -158,11 +158,16 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
                 return False
             if stop_at is not None and time.monotonic() > stop_at:
                 return False
-            if left[0] is None:
-                return True
-            if left[0] <= 0:
+            if left[0] is not None and left[0] <= 0:
                 return False
-            left[0] -= 1
+            try:     # workers elsewhere (autotune worker, another start study) count too
+                more = budget_left(study, cfg.budget.n_trials)
+            except Exception:  # noqa: BLE001 - the store is away: this process's count
+                more = True
+            if not more:
+                return False
+            if left[0] is not None:
+                left[0] -= 1
             return True
 
     def work() -> None:

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from . import record
 from ._channel import is_server_url
-from ._console import format_result, quiet_libraries
+from ._console import budget_left, format_result, quiet_libraries
 from ._preflight import check_ranks, check_writable
 from .config import StudyConfig, redact
 from .control import WorkerSession, registry_for, worker_name
@@ -65,14 +64,6 @@ def _load(storage: Any, study_name: str, echo: Callable[[str], None] = print
     return study, cfg, space
 
 
-def _budget_left(study: optuna.Study, cfg: StudyConfig) -> bool:
-    if cfg.budget.n_trials is None:
-        return True
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    done = record.finished(study.get_trials(deepcopy=False))
-    return len(done) + len(running) < cfg.budget.n_trials
-
-
 def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = print,
                hostfile: Path | None = None, ranks_per_node: int | None = None,
                oversubscribe: bool = False, allow_programs: tuple[str, ...] = ()) -> int:
@@ -116,7 +107,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     results: list[TrialResult] = []
     failing = None
     try:
-        while not stopping and not failing and _budget_left(study, cfg):
+        while not stopping and not failing and budget_left(study, cfg.budget.n_trials):
             results.append(runner.run(study))
             echo(format_result(results[-1], cfg.target.metric))
             failing = systematic_failure(results)

@@ -219,3 +219,51 @@ def test_a_study_keeps_its_timeout_and_says_which_trial_it_stopped(tmp_path):
     assert trial.user_attrs["stop_reason"] == "study_timeout"
     # stopped between evaluations, well before its 20 s cadence would have told it
     assert trial.user_attrs["elapsed_s"] < 20
+
+
+def test_a_study_counts_trials_that_workers_elsewhere_finish_toward_its_budget(tmp_path):
+    """`n_trials` is what the study should hold, whoever ran them: trials another worker
+    finishes while `start study` runs its own local worker count, so it starts no more once
+    the study holds them (it used to run its own n_trials regardless)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import ROOT
+
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "start", "study", "quickstart",
+                             "--storage", storage, "--tracking-uri", str(tmp_path / "mlruns"),
+                             "--n-trials", "2", "--max-trial-seconds", "20"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        running = None
+        until = time.monotonic() + 300
+        while running is None and time.monotonic() < until and proc.poll() is None:
+            time.sleep(0.5)
+            try:
+                study = optuna.load_study(study_name="quickstart", storage=storage)
+            except KeyError:
+                continue
+            running = next((t for t in study.get_trials(deepcopy=False)
+                            if t.state == optuna.trial.TrialState.RUNNING), None)
+        assert running is not None, "the study's first trial never started"
+        for _ in range(2):            # what a worker on another machine finished meanwhile
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE, value=float("inf"),
+                params=running.params, distributions=running.distributions,
+                user_attrs={"outcome": "censored", "stop_reason": "planned_epochs",
+                            "elapsed_s": 1.0}))
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert out.count("[trial ") == 1, out          # its own first trial, then no more
+    finished = [t for t in optuna.load_study(study_name="quickstart", storage=storage).trials
+                if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(finished) == 3, [t.user_attrs.get("outcome") for t in finished]
