@@ -16,6 +16,9 @@ __all__ = ["problems", "cadence_warning", "DATA_KEYS"]
 
 _METRICS = ("top1", "top5")
 _DEVICES = ("cpu", "cuda")
+# Seeds the samplers and trainers all take (NumPy's legacy seeding stops at 2**32 - 1, and a
+# sampler adds a few thousand to the study's seed for its second stream).
+SEED_MAX = 2**31 - 1
 
 # The keys of trainer.data each kind takes.
 DATA_KEYS = {"digits": ("kind", "image_size", "augment"),
@@ -101,6 +104,7 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
           f"must be at least 1 (up to 4096), got {cfg.ranks_per_trial}")
     check(cfg.device in _DEVICES, "device",
           f"{cfg.device!r} is not allowed; use one of {', '.join(_DEVICES)}")
+    check(0 <= cfg.seed <= SEED_MAX, "seed", f"must be from 0 to {SEED_MAX}, got {cfg.seed}")
     check(0.5 <= cfg.heartbeat_s <= 600, "heartbeat_s",
           f"must be within [0.5, 600] seconds, got {cfg.heartbeat_s}")
     check(cfg.trainer.checkpoint_every_s >= 0, "trainer.checkpoint_every_s",

@@ -185,7 +185,15 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
     if base in ok and not ok[base]:
         what = {"float": "a number", "int": "a whole number", "bool": "true or false",
                 "str": "a string"}[base]
-        raise ConfigError(f"{where} must be {what}, got {value!r}")
+        hint = ""
+        if base in ("float", "int") and isinstance(value, str):
+            try:
+                float(value)
+                hint = (" (YAML read it as text: write an exponent with a dot and a sign, "
+                        "1.0e+12, or write the number out)")
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be {what}, got {value!r}{hint}")
     if base.startswith("dict") and not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping, got {value!r}")
     return float(value) if base == "float" else value

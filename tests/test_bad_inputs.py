@@ -132,6 +132,11 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "target a percentage": ("target: {value: 70}\n", "outside (0, 1]; give the accuracy as a "
                             "share of 1 (0.7 for 70%)"),
     "target negative": ("target: {value: -0.1}\n", "outside (0, 1]"),
+    "seed negative": ("seed: -1\n", "seed must be from 0 to 2147483647, got -1"),
+    "seed beyond 32 bits": ("seed: 5000000000\n", "seed must be from 0 to 2147483647"),
+    "number YAML reads as text": ("budget: {max_trial_s: 1e12}\n",
+                                  "got '1e12' (YAML read it as text: write an exponent with a "
+                                  "dot and a sign, 1.0e+12"),
     "target infinite": ("target: {value: .inf}\n", "outside (0, 1]"),
     "target nan": ("target: {value: .nan}\n", "outside (0, 1]"),
     "target text": ("target: {value: high}\n", "target.value must be a number"),
@@ -272,6 +277,7 @@ FLAGS = {
                                     "no folder nofolder; create it first"),
     "storage server without port": (["--storage", "autotune://h"], "must be HOST:PORT"),
     "ranks zero": (["--ranks", "0"], "--ranks must be at least 1"),
+    "seed negative": (["--seed", "-5"], "seed must be from 0 to 2147483647, got -5"),
     "ranks beyond the cores": (["--ranks", "64"], "64 ranks, but this machine has"),
     "tracking-uri in /proc": (["--tracking-uri", "/proc/x/mlruns"], "cannot be written"),
     "run-dir in /proc": (["--run-dir", "/proc/x/runs"], "cannot be written"),
