@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from trainers.augment import AUGMENTATIONS
+from trainers.protocol import ZERO_INIT_MODELS
 
 from .config import NAME, StudyConfig
 from .errors import ConfigError
@@ -137,6 +138,10 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
         check(cfg.trainer.model in models, "trainer.model",
               f"{cfg.trainer.model!r} is not a torchvision classification model; use for "
               "example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16")
+        check(not cfg.trainer.zero_init_residual
+              or cfg.trainer.model.startswith(ZERO_INIT_MODELS), "trainer.zero_init_residual",
+              f"applies to the ResNet family (resnet*, resnext*, wide_resnet*); "
+              f"{cfg.trainer.model} has no residual blocks to zero-initialize: set it false")
     check(bool(re.match(r"^[a-z][a-z0-9+]*://", cfg.storage)), "storage",
           f"{cfg.storage!r} is not a database URL; use for example sqlite:///autotune.db or "
           "postgresql://user@host/db")

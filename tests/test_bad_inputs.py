@@ -133,6 +133,9 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
                             "share of 1 (0.7 for 70%)"),
     "target negative": ("target: {value: -0.1}\n", "outside (0, 1]"),
     "seed negative": ("seed: -1\n", "seed must be from 0 to 2147483647, got -1"),
+    "zero_init_residual without residual blocks": (
+        "trainer: {model: vit_b_16, zero_init_residual: true}\n",
+        "trainer.zero_init_residual applies to the ResNet family"),
     "seed beyond 32 bits": ("seed: 5000000000\n", "seed must be from 0 to 2147483647"),
     "number YAML reads as text": ("budget: {max_trial_s: 1e12}\n",
                                   "got '1e12' (YAML read it as text: write an exponent with a "

@@ -112,3 +112,31 @@ def test_without_a_cadence_it_evaluates_within_an_epoch_to_fit_the_trial_cap(tmp
     assert start["augment"] == "none"
     assert evals and evals[0]["epoch"] < 1.0, [m["epoch"] for m in evals]
     assert end["reason"] in ("max_seconds", "planned_epochs")
+
+
+def test_models_beyond_resnet_train_under_the_launcher(tmp_path):
+    """Any torchvision classification model the config accepts builds and trains: only the
+    ResNet family takes zero_init_residual (passing it to every model failed every trial of
+    a ShuffleNet, EfficientNet, VGG or ViT study with a TypeError)."""
+    plan = make_plan({"model": "shufflenet_v2_x0_5"}, epochs=1, warmup_epochs=0.0)
+    messages = drive(plan, tmp_path)
+    assert [m["type"] for m in messages] == ["start", "eval", "end"]
+    assert messages[-1]["reason"] == "planned_epochs"
+
+
+def test_model_builders_get_what_each_model_takes():
+    """The image size for the models that fix one (ViT, MaxViT), a single output for the ones
+    with auxiliary heads, zero_init_residual for the ResNet family only."""
+    import torch
+
+    from trainers.models import build_model, model_kwargs
+
+    assert model_kwargs("resnet50", 10, 32, True)["zero_init_residual"] is True
+    with pytest.raises(ValueError, match="vit_b_16 has no residual blocks to zero-initialize"):
+        model_kwargs("vit_b_16", 10, 32, True)
+    assert model_kwargs("maxvit_t", 10, 224)["input_size"] == (224, 224)
+    for name, size in (("vit_b_16", 32), ("googlenet", 64)):
+        model = build_model({"model": name, "zero_init_residual": False,
+                             "data": {"kind": "imagefolder", "image_size": size}}, 7).train()
+        out = model(torch.randn(2, 3, size, size))
+        assert isinstance(out, torch.Tensor) and out.shape == (2, 7), name

@@ -11,19 +11,46 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainers.protocol import ZERO_INIT_MODELS
 from trainers.schedule import lr_factor
 
-__all__ = ["build_engine", "build_model", "build_optimizer", "evaluate"]
+__all__ = ["build_engine", "build_model", "build_optimizer", "evaluate", "model_kwargs"]
+
+
+def model_kwargs(name: str, num_classes: int, image_size: int,
+                 zero_init_residual: bool = False) -> dict[str, Any]:
+    """What torchvision's builder of ``name`` takes for these images: the number of classes;
+    the image size for the models that fix one (ViT, MaxViT: 224 unless told); one output,
+    not auxiliary ones too, for GoogLeNet and Inception v3 (their training output is a tuple);
+    and zero_init_residual for the ResNet family, where the plan asks for it."""
+    kwargs: dict[str, Any] = {"num_classes": num_classes}
+    if zero_init_residual:
+        if not name.startswith(ZERO_INIT_MODELS):
+            raise ValueError(f"model {name} has no residual blocks to zero-initialize; set "
+                             "trainer.zero_init_residual: false, or use a ResNet")
+        kwargs["zero_init_residual"] = True
+    if name.startswith("vit_"):
+        kwargs["image_size"] = image_size
+    elif name.startswith("maxvit_"):
+        kwargs["input_size"] = (image_size, image_size)
+    elif name in ("googlenet", "inception_v3"):
+        kwargs["aux_logits"] = False
+        kwargs["init_weights"] = True
+    return kwargs
 
 
 def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
     import torchvision
 
+    from trainers.sources import image_size_default
+
     factory = getattr(torchvision.models, plan["model"], None)
     if factory is None:
         raise ValueError(f"unknown model {plan['model']!r}; use a torchvision model name")
-    return factory(num_classes=num_classes,
-                   zero_init_residual=bool(plan["zero_init_residual"]))
+    data = plan.get("data") or {}
+    size = int(data.get("image_size") or image_size_default(data))
+    return factory(**model_kwargs(plan["model"], num_classes, size,
+                                  bool(plan["zero_init_residual"])))
 
 
 def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim.Optimizer:

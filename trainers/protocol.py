@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any, TypedDict
 
-__all__ = ["ACK", "EXIT", "LEAVE_AFTER", "Plan", "Reply", "decision", "go", "leaves_after",
-           "plan_reply", "ranks_stay", "report_problem", "stop"]
+__all__ = ["ACK", "EXIT", "LEAVE_AFTER", "Plan", "Reply", "ZERO_INIT_MODELS", "decision", "go",
+           "leaves_after", "plan_reply", "ranks_stay", "report_problem", "stop"]
 
 Reply = dict[str, Any]
 
@@ -34,6 +34,10 @@ EXIT: Reply = {"action": "exit"}
 # (the worker is going away, or the trial resumes elsewhere) and an out-of-memory end (the
 # allocator's state is not to be trusted by the next trial).
 LEAVE_AFTER = ("checkpointed", "oom")
+
+# torchvision models that take the plan's zero_init_residual (the ResNet family: each block's
+# last BatchNorm starts at 0); the others have no such block.
+ZERO_INIT_MODELS = ("resnet", "resnext", "wide_resnet")
 
 
 def leaves_after(reason: str | None) -> bool:
