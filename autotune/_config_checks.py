@@ -9,6 +9,7 @@ from typing import Any
 
 from trainers.augment import AUGMENTATIONS
 from trainers.protocol import ZERO_INIT_MODELS
+from trainers.sources import image_size_default
 
 from .config import NAME, StudyConfig
 from .errors import ConfigError
@@ -60,6 +61,31 @@ def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
         found.append(("trainer.data.path", "must name the ImageFolder root (with train/ and "
                       "val/, or class folders and val_split) when kind is imagefolder"))
     return found
+
+
+def _model_size_problem(model: str, size: int) -> str | None:
+    """Why torchvision's ``model`` cannot take ``size``-px images, found by one training
+    forward pass on PyTorch's meta device (no memory, no arithmetic: well under a second), or
+    None: it can, or the meta device cannot tell (a model whose set-up reads its weights)."""
+    import torch
+    import torchvision
+
+    from trainers.models import model_kwargs
+
+    try:
+        with torch.device("meta"):    # built for these images (ViT checks its patches here)
+            net = getattr(torchvision.models, model)(**model_kwargs(model, 2, size))
+            net.train()(torch.empty(2, 3, size, size))
+    except (RuntimeError, ValueError, AssertionError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if "meta" in first.lower():   # a step the meta device cannot take: no verdict
+            return None
+        return (f"{model} cannot take {size}-px images ({first[:140]}); set "
+                "trainer.data.image_size to a size it takes (224 suits every torchvision "
+                "classification model) or choose another model")
+    except Exception:  # noqa: BLE001 - an operation the meta device lacks: no verdict
+        return None
+    return None
 
 
 def _model_names() -> list[str]:
@@ -138,6 +164,14 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
         check(cfg.trainer.model in models, "trainer.model",
               f"{cfg.trainer.model!r} is not a torchvision classification model; use for "
               "example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16")
+        if not own and cfg.trainer.model in models:
+            data = cfg.trainer.data
+            sizes = {int(data.get("image_size") or image_size_default(data))}
+            if data.get("eval_size"):
+                sizes.add(int(data["eval_size"]))
+            for size in sorted(sizes):
+                why = _model_size_problem(cfg.trainer.model, size)
+                check(why is None, "trainer.model", str(why))
         check(not cfg.trainer.zero_init_residual
               or cfg.trainer.model.startswith(ZERO_INIT_MODELS), "trainer.zero_init_residual",
               f"applies to the ResNet family (resnet*, resnext*, wide_resnet*); "

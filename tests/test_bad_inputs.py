@@ -25,6 +25,11 @@ def _space(extra: str) -> str:
 STUDY_FILES: dict[str, tuple[str, str]] = {
     "unknown model": ("trainer: {model: resnet9000}\n", "not a torchvision classification"),
     "model not a string": ("trainer: {model: 5}\n", "trainer.model must be a string"),
+    "model that cannot take the images": (
+        "trainer: {model: alexnet}\n", "alexnet cannot take 32-px images (Given input size"),
+    "ViT whose patches do not tile the images": (
+        "trainer: {model: vit_b_16, data: {kind: digits, image_size: 40}}\n",
+        "vit_b_16 cannot take 40-px images"),
     "unknown data kind": ("trainer: {data: {kind: parquet}}\n", "'parquet' is not allowed"),
     "unknown data key": ("trainer: {data: {kind: digits, imagesize: 64}}\n",
                          "unknown key(s) imagesize; a digits source takes kind, image_size"),
