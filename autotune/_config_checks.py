@@ -9,7 +9,7 @@ from typing import Any
 
 from trainers.augment import AUGMENTATIONS
 from trainers.protocol import ZERO_INIT_MODELS
-from trainers.sources import image_size_default
+from trainers.sources import image_size_of
 
 from .config import NAME, StudyConfig
 from .errors import ConfigError
@@ -63,10 +63,11 @@ def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def _model_size_problem(model: str, size: int) -> str | None:
-    """Why torchvision's ``model`` cannot take ``size``-px images, found by one training
-    forward pass on PyTorch's meta device (no memory, no arithmetic: well under a second), or
-    None: it can, or the meta device cannot tell (a model whose set-up reads its weights)."""
+def _model_size_problem(model: str, size: int, eval_size: int | None = None) -> str | None:
+    """Why torchvision's ``model``, built as the trainer builds it for ``size``-px training
+    images, cannot take them (or ``eval_size``-px evaluation images), found by a forward pass
+    on PyTorch's meta device (no memory, no arithmetic: well under a second), or None: it
+    can, or the meta device cannot tell (a model whose set-up reads its weights)."""
     import torch
     import torchvision
 
@@ -77,15 +78,30 @@ def _model_size_problem(model: str, size: int) -> str | None:
             net = getattr(torchvision.models, model)(**model_kwargs(model, 2, size))
             net.train()(torch.empty(2, 3, size, size))
     except (RuntimeError, ValueError, AssertionError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if "meta" in first.lower():   # a step the meta device cannot take: no verdict
-            return None
-        return (f"{model} cannot take {size}-px images ({first[:140]}); set "
-                "trainer.data.image_size to a size it takes (224 suits every torchvision "
-                "classification model) or choose another model")
+        return _cannot_take(model, size, e)
+    except Exception:  # noqa: BLE001 - an operation the meta device lacks: no verdict
+        return None
+    if eval_size is None or eval_size == size:
+        return None
+    try:
+        with torch.device("meta"), torch.no_grad():
+            net.eval()(torch.empty(2, 3, eval_size, eval_size))
+    except (RuntimeError, ValueError, AssertionError) as e:
+        return _cannot_take(model, eval_size, e)
     except Exception:  # noqa: BLE001 - an operation the meta device lacks: no verdict
         return None
     return None
+
+
+def _cannot_take(model: str, size: int, e: BaseException) -> str | None:
+    """The problem a meta forward pass at ``size`` px raised, None where it was the meta
+    device's own limit."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if "meta" in first.lower():   # a step the meta device cannot take: no verdict
+        return None
+    return (f"{model} cannot take {size}-px images ({first[:140]}); set "
+            "trainer.data.image_size (and eval_size) to a size it takes (224 suits every "
+            "torchvision classification model) or choose another model")
 
 
 def _model_names() -> list[str]:
@@ -166,12 +182,9 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
               "example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16")
         if not own and cfg.trainer.model in models:
             data = cfg.trainer.data
-            sizes = {int(data.get("image_size") or image_size_default(data))}
-            if data.get("eval_size"):
-                sizes.add(int(data["eval_size"]))
-            for size in sorted(sizes):
-                why = _model_size_problem(cfg.trainer.model, size)
-                check(why is None, "trainer.model", str(why))
+            why = _model_size_problem(cfg.trainer.model, image_size_of(data),
+                                      int(data["eval_size"]) if data.get("eval_size") else None)
+            check(why is None, "trainer.model", str(why))
         check(not cfg.trainer.zero_init_residual
               or cfg.trainer.model.startswith(ZERO_INIT_MODELS), "trainer.zero_init_residual",
               f"applies to the ResNet family (resnet*, resnext*, wide_resnet*); "

@@ -69,7 +69,7 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     feasibility, warm starts), with the config given its data's number of classes, and the
     number of training images; SpaceError or ConfigError at the first problem."""
     cfg = _absolute_data(cfg)
-    from trainers.sources import image_size_default, num_classes, train_size
+    from trainers.sources import image_size_of, num_classes, train_size
 
     try:
         size = train_size(cfg.trainer.data)
@@ -81,8 +81,8 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
                           "the label is always among the top 5, so top-5 accuracy is 1 from "
                           "the first step; use metric: top1")
     data = DataInfo(train_images=size, num_classes=classes,
-                    image_size=int(cfg.trainer.data.get("image_size", image_size_default(
-                        cfg.trainer.data))), kind=str(cfg.trainer.data.get("kind", "digits")))
+                    image_size=image_size_of(cfg.trainer.data),
+                    kind=str(cfg.trainer.data.get("kind", "digits")))
     space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial,
                        data=data)
     problems = [f"{space.source_file}: {p}" for p in check_space(space, own=cfg.trainer.params)]

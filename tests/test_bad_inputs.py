@@ -27,6 +27,9 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "model not a string": ("trainer: {model: 5}\n", "trainer.model must be a string"),
     "model that cannot take the images": (
         "trainer: {model: alexnet}\n", "alexnet cannot take 32-px images (Given input size"),
+    "ViT evaluated at another size than it trains at": (
+        "trainer: {model: vit_b_16, data: {kind: imagefolder, path: imgs, image_size: 32, "
+        "eval_size: 48}}\n", "vit_b_16 cannot take 48-px images (Wrong image height!"),
     "ViT whose patches do not tile the images": (
         "trainer: {model: vit_b_16, data: {kind: digits, image_size: 40}}\n",
         "vit_b_16 cannot take 40-px images"),

@@ -42,13 +42,12 @@ def model_kwargs(name: str, num_classes: int, image_size: int,
 def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
     import torchvision
 
-    from trainers.sources import image_size_default
+    from trainers.sources import image_size_of
 
     factory = getattr(torchvision.models, plan["model"], None)
     if factory is None:
         raise ValueError(f"unknown model {plan['model']!r}; use a torchvision model name")
-    data = plan.get("data") or {}
-    size = int(data.get("image_size") or image_size_default(data))
+    size = image_size_of(plan.get("data") or {})
     return factory(**model_kwargs(plan["model"], num_classes, size,
                                   bool(plan["zero_init_residual"])))
 

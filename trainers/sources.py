@@ -30,8 +30,8 @@ import torch
 from trainers import data as digits
 from trainers.augment import augment_batch, eval_transform, image_transform
 
-__all__ = ["Source", "image_size_default", "kept_source", "num_classes", "open_source",
-           "train_size"]
+__all__ = ["Source", "image_size_default", "image_size_of", "kept_source", "num_classes",
+           "open_source", "train_size"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 # torchvision's ImageFolder extensions; hidden files (``.DS_Store``, macOS's ``._name.jpg``
@@ -512,6 +512,11 @@ def train_size(spec: dict[str, Any]) -> int:
 def image_size_default(spec: dict[str, Any]) -> int:
     """The training resolution of ``spec`` when it names none: the digits' 32 px, else 224."""
     return 32 if spec.get("kind", "digits") == "digits" else 224
+
+
+def image_size_of(spec: dict[str, Any]) -> int:
+    """The training resolution of ``spec``: its image_size, else ``image_size_default``."""
+    return int(spec.get("image_size") or image_size_default(spec))
 
 
 def num_classes(spec: dict[str, Any]) -> int:
