@@ -174,16 +174,13 @@ def _params(sampled: Mapping[str, Any], own: Iterable[str] = ()) -> dict[str, An
     if params["augment"] not in ("", *AUGMENTATIONS):
         raise PlanError(f"unknown augment {params['augment']!r}; allowed: "
                         f"{', '.join(AUGMENTATIONS)}")
-    if params["grad_clip_norm"] < 0:
-        raise PlanError(f"grad_clip_norm {params['grad_clip_norm']} is negative; 0 turns "
-                        "clipping off")
-    if not 0.0 <= params["label_smoothing"] < 1.0:
-        raise PlanError(f"label_smoothing {params['label_smoothing']} is outside [0, 1)")
-    if int(params["epochs"]) < 1 or params["warmup_epochs"] < 0:
-        raise PlanError(f"epochs ({params['epochs']}) must be >= 1 and warmup_epochs "
-                        f"({params['warmup_epochs']}) >= 0")
-    if params["lr_per_256"] <= 0:
-        raise PlanError(f"lr_per_256 must be positive, got {params['lr_per_256']}")
+    for name in ("epochs", "warmup_epochs", "label_smoothing", "lr_per_256", "grad_clip_norm"):
+        value = params[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PlanError(f"{name} {value!r} is not a number; {name} must be "
+                            f"{LIMITS[name][0]}")
+        for problem in value_problems(name, [value]):
+            raise PlanError(problem)
     _check_resolution(params)
     return params
 

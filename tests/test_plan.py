@@ -72,8 +72,22 @@ def test_gradient_clipping_is_the_plans_alone():
         "gradient_clipping"] == 0.0
     assert plan_for(global_batch=128, lr_per_256=0.1, epochs=2, grad_clip_norm=2.5)[
         "deepspeed"]["gradient_clipping"] == 2.5
-    with pytest.raises(PlanError, match="grad_clip_norm -1 is negative"):
+    with pytest.raises(PlanError, match=r"grad_clip_norm: -1 is outside .* >= 0 \(0: no clip"):
         plan_for(global_batch=128, lr_per_256=0.1, epochs=2, grad_clip_norm=-1)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"epochs": 0}, "epochs: 0 is outside what the training plan takes; epochs must be >= 1"),
+    ({"warmup_epochs": -0.5}, "warmup_epochs must be >= 0"),
+    ({"label_smoothing": 1.0}, r"label_smoothing must be in \[0, 1\)"),
+    ({"lr_per_256": 0.0}, "lr_per_256 must be > 0"),
+    ({"lr_per_256": float("nan")}, "lr_per_256: nan is outside"),
+    ({"lr_per_256": "0.1"}, "lr_per_256 '0.1' is not a number; lr_per_256 must be > 0"),
+])
+def test_plan_refuses_values_outside_its_limits(params, message):
+    # The plan checks against the same limits `space check` reads (plan.LIMITS).
+    with pytest.raises(PlanError, match=message):
+        plan_for(**{"global_batch": 128, "lr_per_256": 0.1, "epochs": 2, **params})
 
 
 def test_plan_rejects_unknown_and_missing_parameters():
