@@ -201,7 +201,8 @@ def _add_export_curves(sub: Any) -> None:
                    help="Optuna storage URL (default sqlite:///autotune.db)")
     p.add_argument("--out", help="the .jsonl file to write (default: print the lines)")
     p.add_argument("--all", action="store_true",
-                   help="write the trials a pruner stopped too (bound, projection, rung)")
+                   help="write the trials a pruner stopped too (bound, projection, rung, "
+                        "follows_miss)")
     p.set_defaults(func=_export_curves)
 
 

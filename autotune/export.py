@@ -9,11 +9,11 @@ run: its lineage's curves joined, under the number of the attempt that ended it.
 format ``benchmarks/search_efficiency.py compare --table opda:FILE`` replays, so a study can
 be replayed under other tuners.
 
-A trial a pruner stopped (bound, projection, rung) holds only the start of its curve, and a
-trial that reached the target stopped there; a replay that trains one of them again sees it
-end there. So by default only the trials whose curve is whole for a replay at the study's
-target or below are written: those that reached, trained their whole schedule, or diverged;
-``every=True`` writes the stopped ones too.
+A trial a pruner stopped (bound, projection, rung, follows_miss) holds only the start of its
+curve, and a trial that reached the target stopped there; a replay that trains one of them
+again sees it end there. So by default only the trials whose curve is whole for a replay at
+the study's target or below are written: those that reached, trained their whole schedule,
+or diverged; ``every=True`` writes the stopped ones too.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ __all__ = ["OUTCOME", "STOP_REASON", "DETAIL", "PARAMS", "CURVE", "ELAPSED", "BE
 
 # -- keys of a trial's user attributes ----------------------------------------------------------
 OUTCOME = "outcome"                  # reached | censored | failed | infeasible
-STOP_REASON = "stop_reason"          # reached, bound, projection, rung, diverged, oom, ...
+STOP_REASON = "stop_reason"          # reached, bound, projection, rung, follows_miss, oom, ...
 DETAIL = "detail"                    # what went wrong, in words (failures)
 PARAMS = "params"                    # the sampled point, with derived values, as planned
 CURVE = "curve"                      # rows [elapsed_s, top1, top5, progress, loss(, noise)]

@@ -305,3 +305,50 @@ def test_a_rung_loser_behind_trials_that_had_its_time_and_missed_is_stopped():
     # and one still at chance in its warm-up has shown nothing to judge
     warming = curve([(1500.0, 0.001), (3000.0, 0.001), (4500.0, 0.0012)], planned_s=15000.0)
     assert decide(warming, leaders, None, IMAGENET) is None
+
+
+def ended(points, planned_s, failed=False):
+    """A trial that ended at its last point, having done ``t / planned_s`` of its schedule."""
+    return Curve(tuple(t for t, _ in points), tuple(v for _, v in points),
+                 tuple(min(t / planned_s, 1.0) for t, _ in points), None, running=False,
+                 failed=failed)
+
+
+# A trial that trained its whole 100 s schedule and ended at 0.8, short of 0.97.
+MISS = ended([(10, 0.3), (20, 0.45), (30, 0.55), (50, 0.68), (100, 0.8)], planned_s=100)
+
+
+def test_a_trial_retracing_a_known_miss_is_stopped():
+    # The same schedule, at or below the miss at each of its three evaluations (30% of it):
+    # it trains the same curve again (a sampler's near-repeat) and would end at 0.8 too.
+    again = curve([(10, 0.3), (20, 0.44), (30, 0.55)], planned_s=100)
+    assert decide(again, [MISS], best_tta=None, rules=RULES) == "follows_miss"
+    # Ahead of the miss at one evaluation: it is not retracing it.
+    ahead = curve([(10, 0.3), (20, 0.47), (30, 0.55)], planned_s=100)
+    assert decide(ahead, [MISS], best_tta=None, rules=RULES) is None
+    # Planned 30% longer: its LR decays later, so the miss says nothing of its end.
+    longer = curve([(10, 0.3), (20, 0.44), (30, 0.55)], planned_s=130)
+    assert decide(longer, [MISS], best_tta=None, rules=RULES) is None
+
+
+def test_only_a_whole_schedule_that_missed_is_a_known_miss():
+    again = curve([(10, 0.3), (20, 0.44), (30, 0.55)], planned_s=100)
+    stopped = ended([(10, 0.3), (20, 0.45), (30, 0.55)], planned_s=100)    # a pruner's stop
+    failed = ended([(10, 0.3), (20, 0.45), (30, 0.55), (100, 0.8)], 100, failed=True)
+    running = curve([(10, 0.3), (20, 0.45), (30, 0.55), (100, 0.8)], planned_s=100)
+    for other in (stopped, failed, running):
+        assert decide(again, [other], best_tta=None, rules=RULES) is None
+
+
+def test_a_retrace_is_judged_only_after_enough_of_it():
+    two = curve([(10, 0.3), (20, 0.44)], planned_s=100)
+    assert decide(two, [MISS], best_tta=None, rules=RULES) is None
+    long_miss = ended([(10, 0.3), (20, 0.45), (30, 0.55), (400, 0.9)], planned_s=400)
+    early = curve([(10, 0.3), (20, 0.44), (30, 0.55)], planned_s=400)     # 7.5% of it
+    assert decide(early, [long_miss], best_tta=None, rules=RULES) is None
+    assert decide(early, [long_miss], best_tta=None,
+                  rules=Rules(target=0.97, follow_share=0.05)) == "follows_miss"
+    # Still at chance in its warm-up: nothing shown to compare.
+    flat_miss = ended([(10, 0.1), (20, 0.1), (30, 0.12), (100, 0.8)], planned_s=100)
+    warming = curve([(10, 0.1), (20, 0.1), (30, 0.11)], planned_s=100)
+    assert decide(warming, [flat_miss], best_tta=None, rules=RULES) is None

@@ -21,7 +21,12 @@ Each rule answers one question about a running trial and returns a stop reason o
   a TTA. When none of the peers ahead of it can still reach, and some of them trained their
   whole schedule without reaching, each planned at least as long as its own, it is stopped:
   it is behind trials that had all its time and missed (unless it is still at chance in its
-  warm-up).
+  warm-up);
+* ``follows_miss``: an ended trial with the same planned time (within ``same_end``) trained its
+  whole schedule and missed the target, and this trial has been at or below that trial's
+  curve at every evaluation so far (at least ``follow_evals``, and ``follow_share`` of its
+  schedule): it is retracing a known miss (a sampler's near-repeat of a tried configuration
+  trains the same curve again), so it is stopped instead of training to the same end.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from dataclasses import dataclass
 
 from ._curves import Curve, interpolate
 
-__all__ = ["Rules", "could_reach", "decide", "next_evaluation", "optimistic_tta",
-           "rungs_crossed"]
+__all__ = ["Rules", "could_reach", "decide", "follows_a_miss", "next_evaluation",
+           "optimistic_tta", "rungs_crossed"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class Rules:
     end_gain: float = 1.0         # accuracy the rest of a schedule can add: end_gain x sqrt(left)
     first_pace: float = 0.5       # the next evaluation: at least this share of the first interval
     pace: float = 0.8             # ... or of the shortest interval after the first
+    same_end: float = 0.1         # follows_miss: planned ends this close (share) count as alike
+    follow_evals: int = 3         # ... judged after this many evaluations
+    follow_share: float = 0.1     # ... and this share of the schedule
 
 
 def optimistic_tta(curve: Curve, rules: Rules) -> float:
@@ -154,6 +162,30 @@ def _behind_finished_misses(curve: Curve, leaders: Sequence[Curve], rules: Rules
     return curve.planned_end() <= min(done)
 
 
+def follows_a_miss(curve: Curve, others: Sequence[Curve], rules: Rules) -> bool:
+    """Some ended trial planned as long in time as this one (``same_end``) trained its whole
+    schedule without reaching the target, and this trial's accuracy has been at or below that
+    trial's (at equal elapsed time) at each of its evaluations, at least ``follow_evals`` of
+    them over ``follow_share`` of its schedule. A trial still at chance in its warm-up has
+    shown nothing to compare."""
+    progress = curve.progress[-1] if curve.progress else 0.0
+    if len(curve.times) < rules.follow_evals or progress < rules.follow_share:
+        return False
+    if curve.best <= rules.chance * 1.5 and progress < rules.diverge_after:
+        return False
+    end = curve.planned_end()
+    for miss in others:
+        if (miss.running or miss.failed or miss.reached_at is not None or not miss.progress
+                or miss.progress[-1] < 1.0 or miss.best >= rules.target
+                or abs(end - miss.elapsed) > rules.same_end * miss.elapsed):
+            continue
+        alongside = [interpolate(miss, t) for t in curve.times]
+        if all(w is not None and v <= w
+               for v, w in zip(curve.values, alongside, strict=True)):
+            return True
+    return False
+
+
 def could_reach(curve: Curve, rules: Rules) -> float:
     """The earliest TTA a trial can still show: its TTA once reached; a running trial's
     optimistic TTA; for one that ended without reaching, the TTA its curve projects past its
@@ -204,4 +236,6 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
         horizon = deadline if deadline is not None else reachable
         if projected > horizon:
             return "rung"
+    if follows_a_miss(curve, others, rules):
+        return "follows_miss"
     return None
