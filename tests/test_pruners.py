@@ -352,3 +352,21 @@ def test_a_retrace_is_judged_only_after_enough_of_it():
     flat_miss = ended([(10, 0.1), (20, 0.1), (30, 0.12), (100, 0.8)], planned_s=100)
     warming = curve([(10, 0.1), (20, 0.1), (30, 0.11)], planned_s=100)
     assert decide(warming, [flat_miss], best_tta=None, rules=RULES) is None
+
+
+def test_the_optuna_pruner_stops_a_repeat_of_a_stored_miss():
+    # As the worker stores them: a trial that trained its whole schedule and missed (censored,
+    # +inf, its curve's last row at progress 1.0), then a repeat of its configuration.
+    study = optuna.create_study(pruner=TimeToAccuracyPruner(0.97))
+    rows = [[10.0, 0.3, 0.6, 0.1, 2.0], [20.0, 0.45, 0.7, 0.2, 1.5], [30.0, 0.55, 0.8, 0.3, 1.2],
+            [100.0, 0.8, 0.9, 1.0, 0.7]]
+    missed = study.ask()
+    missed.set_user_attr("outcome", "censored")
+    missed.set_user_attr("stop_reason", "planned_epochs")
+    missed.set_user_attr("curve", rows)
+    study.tell(missed, math.inf)
+    repeat = study.ask()
+    repeat.set_user_attr("curve", rows[:2])
+    assert study.pruner.decide(study, study.trials[-1]) is None      # two evaluations
+    repeat.set_user_attr("curve", rows[:3])
+    assert study.pruner.decide(study, study.trials[-1]) == "follows_miss"
