@@ -130,9 +130,11 @@ def value_problems(name: str, values: Iterable[Any]) -> list[str]:
                                    and MIN_SIZE <= v <= MAX_SIZE)]
     if name in LIMITS:
         said, ok = LIMITS[name]
-        return [f"{name}: {v!r} is outside what the training plan takes; {name} must be {said}"
-                for v in values if isinstance(v, int | float) and not isinstance(v, bool)
-                and not (math.isfinite(v) and ok(v))]
+        return [f"{name}: {v!r} is not a number; {name} must be {said}"
+                if isinstance(v, bool) or not isinstance(v, int | float) else
+                f"{name}: {v!r} is outside what the training plan takes; {name} must be {said}"
+                for v in values if isinstance(v, bool) or not isinstance(v, int | float)
+                or not (math.isfinite(v) and ok(v))]
     allowed = CHOICES.get(name)
     if allowed is None:
         return []
@@ -175,11 +177,7 @@ def _params(sampled: Mapping[str, Any], own: Iterable[str] = ()) -> dict[str, An
         raise PlanError(f"unknown augment {params['augment']!r}; allowed: "
                         f"{', '.join(AUGMENTATIONS)}")
     for name in ("epochs", "warmup_epochs", "label_smoothing", "lr_per_256", "grad_clip_norm"):
-        value = params[name]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise PlanError(f"{name} {value!r} is not a number; {name} must be "
-                            f"{LIMITS[name][0]}")
-        for problem in value_problems(name, [value]):
+        for problem in value_problems(name, [params[name]]):
             raise PlanError(problem)
     _check_resolution(params)
     return params

@@ -82,7 +82,7 @@ def test_gradient_clipping_is_the_plans_alone():
     ({"label_smoothing": 1.0}, r"label_smoothing must be in \[0, 1\)"),
     ({"lr_per_256": 0.0}, "lr_per_256 must be > 0"),
     ({"lr_per_256": float("nan")}, "lr_per_256: nan is outside"),
-    ({"lr_per_256": "0.1"}, "lr_per_256 '0.1' is not a number; lr_per_256 must be > 0"),
+    ({"lr_per_256": "0.1"}, "lr_per_256: '0.1' is not a number; lr_per_256 must be > 0"),
 ])
 def test_plan_refuses_values_outside_its_limits(params, message):
     # The plan checks against the same limits `space check` reads (plan.LIMITS).

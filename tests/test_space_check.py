@@ -61,6 +61,9 @@ CASES = {
     "warmup below 0": ('Float("warmup_epochs", -1.0, 1.0)', "warmup_epochs must be >= 0"),
     "clipping norm a negative choice": ('Categorical("grad_clip_norm", [0.0, -1.0])',
                                         "grad_clip_norm: -1.0 is outside"),
+    "smoothing written as text": ('Categorical("label_smoothing", ["0.1", "0.2"])',
+                                  "label_smoothing: '0.1' is not a number; label_smoothing "
+                                  "must be in [0, 1)"),
 }
 
 
