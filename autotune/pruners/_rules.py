@@ -146,18 +146,27 @@ def _rung_leaders(curve: Curve, others: Sequence[Curve], rules: Rules) -> list[C
     return None
 
 
+def _warming_at_chance(curve: Curve, rules: Rules) -> bool:
+    """Still at chance before ``diverge_after`` of its schedule: a warm-up that has shown
+    nothing to judge yet."""
+    progress = curve.progress[-1] if curve.progress else 0.0
+    return curve.best <= rules.chance * 1.5 and progress < rules.diverge_after
+
+
+def _trained_whole_schedule(curve: Curve) -> bool:
+    """Ended on its own at the end of its planned schedule (not stopped, not failed)."""
+    return (not curve.running and not curve.failed and bool(curve.progress)
+            and curve.progress[-1] >= 1.0)
+
+
 def _behind_finished_misses(curve: Curve, leaders: Sequence[Curve], rules: Rules) -> bool:
     """No trial ahead of ``curve`` at its rung can still reach the target, and some of them
     trained their whole schedule without reaching it, each planned at least as long as this
     one: it is behind trials that had all its time and missed. (One that plans to train
     longer than all of them may yet reach: its LR decays later; and one still at chance in
     its warm-up has shown nothing to judge.)"""
-    done = [o.elapsed for o in leaders
-            if not o.running and not o.failed and o.progress and o.progress[-1] >= 1.0]
-    if not done:
-        return False
-    progress = curve.progress[-1] if curve.progress else 0.0
-    if curve.best <= rules.chance * 1.5 and progress < rules.diverge_after:
+    done = [o.elapsed for o in leaders if _trained_whole_schedule(o)]
+    if not done or _warming_at_chance(curve, rules):
         return False
     return curve.planned_end() <= min(done)
 
@@ -169,14 +178,13 @@ def follows_a_miss(curve: Curve, others: Sequence[Curve], rules: Rules) -> bool:
     them over ``follow_share`` of its schedule. A trial still at chance in its warm-up has
     shown nothing to compare."""
     progress = curve.progress[-1] if curve.progress else 0.0
-    if len(curve.times) < rules.follow_evals or progress < rules.follow_share:
-        return False
-    if curve.best <= rules.chance * 1.5 and progress < rules.diverge_after:
+    if (len(curve.times) < rules.follow_evals or progress < rules.follow_share
+            or _warming_at_chance(curve, rules)):
         return False
     end = curve.planned_end()
     for miss in others:
-        if (miss.running or miss.failed or miss.reached_at is not None or not miss.progress
-                or miss.progress[-1] < 1.0 or miss.best >= rules.target
+        if (not _trained_whole_schedule(miss) or miss.reached_at is not None
+                or miss.best >= rules.target
                 or abs(end - miss.elapsed) > rules.same_end * miss.elapsed):
             continue
         alongside = [interpolate(miss, t) for t in curve.times]
