@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import AutotuneError, Stopped, Terminated
 
@@ -332,8 +332,16 @@ def _add_space_check(sub: Any) -> None:
     p.set_defaults(func=_space_check)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake told in one line that says where the options are
+    (argparse's own prints the whole usage first: eight lines for ``start study``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autotune", description="Find the training configuration that reaches a target "
                                      "accuracy in the least wall-clock time.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

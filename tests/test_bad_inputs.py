@@ -362,3 +362,30 @@ def test_a_bad_command_is_refused_in_one_line_and_writes_nothing(case, workdir, 
 
 def test_the_tables_hold_over_a_hundred_bad_inputs():
     assert len(STUDY_FILES) + len(FLAGS) + len(VERBS) >= 100
+
+
+USAGE_MISTAKES = {
+    "a flag given text for a number": (["start", "study", "quickstart", "--timeout", "abc"],
+                                       "autotune start study: error: argument --timeout: "
+                                       "invalid float value: 'abc'"),
+    "a flag without its value": (["status", "--storage"],
+                                 "autotune status: error: argument --storage: expected one"),
+    "a missing argument": (["space", "check"], "autotune space check: error: the following "
+                                               "arguments are required: space"),
+    "an unknown command": (["bogus"], "autotune: error: argument COMMAND: invalid choice"),
+    "an unknown flag": (["start", "study", "quickstart", "--trials", "3"],
+                        "autotune: error: unrecognized arguments: --trials 3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_MISTAKES))
+def test_a_usage_mistake_is_told_in_one_line_that_points_at_help(case, workdir, capsys):
+    argv, expected = USAGE_MISTAKES[case]
+    before = _snapshot(workdir)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith(expected) and err.rstrip().endswith("--help)"), err
+    assert _snapshot(workdir) == before
