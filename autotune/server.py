@@ -36,6 +36,7 @@ from ._control_loop import ControlLoop
 from ._retry import RetryingStorage
 from .config import database_url, redact
 from .errors import ConfigError
+from .store import storage_problem
 
 __all__ = ["serve", "open_database"]
 
@@ -243,9 +244,8 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
     except ConfigError:
         raise
     except Exception as e:
-        first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot open storage {redact(storage_url)!r}: {redact(first)}") \
-            from e
+        raise ConfigError(f"cannot open storage {redact(storage_url)!r}: "
+                          f"{storage_problem(e, storage_url)}") from e
     # No SO_REUSEPORT: a second server on a port in use must fail, not share the port.
     server = grpc.server(ThreadPoolExecutor(max_workers=32),
                          interceptors=security.interceptors(),

@@ -7,6 +7,7 @@ the other end (``_retry.RetryingStorage``). The server's address, channels, secr
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,19 @@ def load_existing_study(study_name: str, storage: str) -> optuna.Study:
                           f"{', '.join(names) or 'none'}") from e
 
 
+def storage_problem(error: BaseException, url: str) -> str:
+    """What went wrong opening the database at ``url``, in one line: a database driver that is
+    not installed is named, with what to do (SQLAlchemy says only "install appropriate one")."""
+    missing = error if isinstance(error, ModuleNotFoundError) else error.__cause__
+    if isinstance(missing, ModuleNotFoundError) and missing.name:
+        scheme = url.partition(":")[0]
+        return (f"its database driver (Python module {missing.name}) is not installed; "
+                f"install the driver {scheme} URLs need, or use sqlite:///PATH (the default) "
+                "or postgresql://USER@HOST/DB (psycopg2, installed with autotune)")
+    text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", " ".join(str(error).split()))
+    return redact(text[:300])
+
+
 def _require_existing(url: str) -> None:
     """A one-line error, and nothing created, when the database at ``url`` holds no studies:
     an SQLite file that is not there, or a database without Optuna's tables."""
@@ -52,8 +66,7 @@ def _require_existing(url: str) -> None:
         finally:
             engine.dispose()
     except Exception as e:  # noqa: BLE001 - any driver error: say it in one line
-        first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot open storage {redact(url)!r}: {redact(first)}") from e
+        raise ConfigError(f"cannot open storage {redact(url)!r}: {storage_problem(e, url)}") from e
     if not has:
         raise ConfigError(f"no autotune studies in {redact(url)} (it has no study tables); "
                           "start a study there first (autotune start study FILE --storage "
@@ -99,8 +112,7 @@ def open_storage(url: str, create: bool = True) -> Any:
             rdb = optuna.storages.RDBStorage(database_url(url),
                                              engine_kwargs={"pool_pre_ping": True})
     except Exception as e:
-        first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot open storage {redact(url)!r}: {redact(first)}") from e
+        raise ConfigError(f"cannot open storage {redact(url)!r}: {storage_problem(e, url)}") from e
     sqlite_wal(url)
     return RetryingStorage(rdb, f"the study database {redact(url)}")  # type: ignore[abstract]
 

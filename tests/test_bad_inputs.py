@@ -287,6 +287,11 @@ FLAGS = {
     "storage in a missing folder": (["--storage", "sqlite:///nofolder/study.db"],
                                     "no folder nofolder; create it first"),
     "storage server without port": (["--storage", "autotune://h"], "must be HOST:PORT"),
+    "storage whose driver is missing": (["--storage", "mysql://u@h/db"],
+                                        "its database driver (Python module MySQLdb) is not "
+                                        "installed; install the driver mysql URLs need"),
+    "storage on a database that is down": (["--storage", "postgresql://u@127.0.0.1:1/x"],
+                                           "Connection refused"),
     "ranks zero": (["--ranks", "0"], "--ranks must be at least 1"),
     "seed negative": (["--seed", "-5"], "seed must be from 0 to 2147483647, got -5"),
     "ranks beyond the cores": (["--ranks", "64"], "64 ranks, but this machine has"),
@@ -316,6 +321,9 @@ VERBS = {
     "status on a server that is down": (["status", "x", "--storage", "autotune://127.0.0.1:1"],
                                         "cannot reach the study server"),
     "status on a path": (["status", "x", "--storage", "study.db"], "is not a database URL"),
+    "status on a database whose driver is missing": (
+        ["status", "x", "--storage", "postgresql+pg8000://u@h/db"],
+        "(Python module pg8000) is not installed"),
     "worker on a missing database": (["worker", "--storage", "sqlite:///w.db", "--study", "x"],
                                      "no study database at"),
     "worker on a bad server address": (["worker", "--server", "nohost", "--study", "x"],
