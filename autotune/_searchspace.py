@@ -31,6 +31,7 @@ _FEASIBILITY_SAMPLES = 2000
 
 class SearchSpace:
     """An ordered set of parameters, derived values and constraints, plus known-good points.
+    The items are given as arguments (``SearchSpace(Float(...), Int(...))``) or as one list.
 
     ``warm_starts``: complete points a study enqueues as its first trials. ``define_by_run``:
     an escape hatch, a function that receives the Optuna trial and the values so far and
@@ -40,10 +41,12 @@ class SearchSpace:
     def __init__(self, *items: Item, warm_starts: Sequence[Mapping[str, Any]] = (),
                  define_by_run: DefineByRun | None = None, name: str = "",
                  world_size: int = 1) -> None:
+        if len(items) == 1 and isinstance(items[0], list | tuple):   # SearchSpace([...])
+            items = tuple(items[0])
         self.items = tuple(items)
-        self.params = tuple(i for i in items if isinstance(i, Param))
-        self.derived = tuple(i for i in items if isinstance(i, Derived))
-        self.constraints = tuple(i for i in items if isinstance(i, Constraint))
+        self.params = tuple(i for i in self.items if isinstance(i, Param))
+        self.derived = tuple(i for i in self.items if isinstance(i, Derived))
+        self.constraints = tuple(i for i in self.items if isinstance(i, Constraint))
         self.name = name
         self.world_size = world_size
         self.define_by_run = define_by_run
@@ -59,6 +62,10 @@ class SearchSpace:
         declared: set[str] = set()
         later = {getattr(i, "name", None) for i in self.items}
         for position, item in enumerate(self.items, 1):
+            if isinstance(item, list | tuple):
+                found.append(f"item {position} is a {type(item).__name__}; give SearchSpace "
+                             "its items as arguments, or all of them in one list")
+                continue
             if not isinstance(item, (Param, Derived, Constraint)):
                 found.append(f"item {position} ({item!r}) is not a parameter; use Float, Int, "
                              "PowerOfTwo, Categorical, Fixed, Derived or Constraint")
@@ -93,7 +100,12 @@ class SearchSpace:
         if values is None:
             return [f"global_batch: a log-scaled Int cannot be checked against {self.world_size}"
                     " ranks; use PowerOfTwo or Int with a step"]
-        bad = [v for v in values if not _number(v, True) or v < 1 or v % self.world_size]
+        words = [v for v in values if not _number(v, True)]
+        if words:
+            shown = ", ".join(map(repr, words[:5])) + (", ..." if len(words) > 5 else "")
+            return [f"global_batch: {shown} is not an integer; write batch sizes as integers "
+                    "(256, not '256', 256.0 or True)"]
+        bad = [v for v in values if v < 1 or v % self.world_size]
         if bad:
             shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
             return [f"global_batch: {shown} cannot be split evenly over {self.world_size} ranks;"
@@ -274,6 +286,10 @@ def _import_file(path: Path) -> Any:
     except SpaceError as e:
         raise SpaceError(f"{path}: {e.problems[0]}",
                          problems=[f"{path}: {p}" for p in e.problems]) from e
+    except SystemExit as e:  # sys.exit() in the user's file must not end autotune quietly
+        raise SpaceError(f"{path}: called sys.exit({e.code!r}) while being imported; a space "
+                         "file defines `space` and does not exit (guard a script's own run "
+                         "with `if __name__ == \"__main__\":`)") from None
     except Exception as e:  # the user's code: report what it raised, in one line
         raise SpaceError(f"{path}: raised {type(e).__name__}: {e}") from e
     return module

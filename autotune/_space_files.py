@@ -125,6 +125,9 @@ def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1,
         except SpaceError as e:
             raise SpaceError(f"{path}: {e}",
                              problems=[f"{path}: {p}" for p in e.problems]) from e
+        except SystemExit as e:
+            raise SpaceError(f"{path}: space({world_size}) called sys.exit({e.code!r}); it "
+                             "returns a SearchSpace") from None
         except Exception as e:
             raise SpaceError(f"{path}: space({world_size}) raised {type(e).__name__}: {e}") from e
     if not isinstance(space, SearchSpace):

@@ -133,3 +133,42 @@ def test_space_show_prints_each_shipped_space(name, capsys):
     assert main(["space", "show", name, "--world-size", "16"]) == 0
     out = capsys.readouterr().out
     assert f"search space {name} (world size 16)" in out and "warm-start" in out
+
+
+def _check(tmp_path, body: str) -> tuple[int, str]:
+    path = tmp_path / "space.py"
+    path.write_text(HEADER + body)
+    code = main(["space", "check", str(path)])
+    return code, path.name
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("import sys\nsys.exit(0)\n", "called sys.exit(0) while being imported"),
+    ("import sys\ndef space(world_size):\n    sys.exit()\n", "space(2) called sys.exit(None)"),
+])
+def test_a_space_file_that_exits_is_refused_not_obeyed(body, expected, tmp_path, capsys):
+    # sys.exit(0) in the user's file ended `space check` (and `start study`) quietly, exit 0
+    code, _ = _check(tmp_path, body)
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and "Traceback" not in err, err
+
+
+def test_the_items_may_come_as_one_list(tmp_path, capsys):
+    code, _ = _check(tmp_path, f"space = SearchSpace([{GOOD}])\n")
+    assert code == 0, capsys.readouterr().err
+    assert "global_batch" in capsys.readouterr().out
+
+
+def test_lists_beside_other_items_are_named_as_lists(tmp_path, capsys):
+    code, _ = _check(tmp_path, 'space = SearchSpace([Float("lr_per_256", 0.1, 1.0)], '
+                               '[Int("epochs", 1, 3)])\n')
+    err = capsys.readouterr().err
+    assert code == 2 and "item 2 is a list; give SearchSpace its items as arguments" in err, err
+
+
+def test_a_batch_written_as_text_is_named_as_text(tmp_path, capsys):
+    code, _ = _check(tmp_path, 'space = SearchSpace(Categorical("global_batch", [64, "128"]), '
+                               'Float("lr_per_256", 0.1, 1.0), Int("epochs", 1, 3))\n')
+    err = capsys.readouterr().err
+    assert code == 2 and "global_batch: '128' is not an integer" in err, err
+    assert "split evenly" not in err
