@@ -147,10 +147,12 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
         elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no tags run code
         else:
             raise ConfigError(f"{path}: unknown file type {path.suffix!r}; use .yaml, .yml "
                               "or .toml")
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
         first = " ".join(str(e).split())
         raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {first}") from e
@@ -160,6 +162,30 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
         raise ConfigError(f"{path}: the study file must be a mapping of keys to values")
     data = {str(k): v for k, v in data.items()}
     return data, str(path), path.resolve().parent
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one YAML mapping."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML itself keeps the
+    last silently, so ``target:`` written twice would run the study at the second one). A key
+    that overrides one merged in with ``<<: *anchor`` is not a repeat."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or \
+                    not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(f"key {key!r} is given twice (lines {seen[key]} and "
+                                    f"{line}); keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _check_keys(data: dict[str, Any], cls: type, where: str, prefix: str) -> None:

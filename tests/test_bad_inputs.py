@@ -24,6 +24,11 @@ def _space(extra: str) -> str:
 # name: (study file text, expected words). Each file also gets `study_name: bad`.
 STUDY_FILES: dict[str, tuple[str, str]] = {
     "unknown model": ("trainer: {model: resnet9000}\n", "not a torchvision classification"),
+    "a key given twice": ("target: {metric: top1, value: 0.9}\ntarget: {metric: top1, "
+                          "value: 0.8}\n", "key 'target' is given twice (lines 2 and 3); "
+                          "keep one"),
+    "a nested key given twice": ("budget:\n  n_trials: 3\n  n_trials: 4\n",
+                                 "key 'n_trials' is given twice (lines 3 and 4)"),
     "model not a string": ("trainer: {model: 5}\n", "trainer.model must be a string"),
     "model that cannot take the images": (
         "trainer: {model: alexnet}\n", "alexnet cannot take 32-px images (Given input size"),

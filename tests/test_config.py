@@ -228,3 +228,11 @@ def test_a_cadence_that_cannot_fit_the_trial_cap_is_warned_of(workdir):
     assert "once at most" in cadence_warning(cfg(40, 60))
     line = cadence_warning(cfg(90, 60))
     assert "no trial evaluates before its cap" in line and "\n" not in line
+
+
+def test_a_key_may_override_one_merged_in_from_an_anchor(tmp_path):
+    # YAML's merge key is no repeat: the mapping's own key wins, as YAML defines it
+    (tmp_path / "s.yaml").write_text("budget:\n  <<: {n_trials: 3, timeout_s: 60}\n"
+                                     "  n_trials: 4\n")
+    cfg = config.load(str(tmp_path / "s.yaml"))
+    assert (cfg.budget.n_trials, cfg.budget.timeout_s) == (4, 60)
