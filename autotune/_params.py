@@ -19,6 +19,11 @@ class InfeasiblePoint(SpaceError):
     """A sampled point violates a constraint; the trial is dropped before any training."""
 
 
+class SpaceCodeError(SpaceError):
+    """The space's own code (its define-by-run function) raised, or returned no mapping, while
+    a point was sampled."""
+
+
 def _number(value: Any, integer: bool) -> bool:
     if isinstance(value, bool):
         return False

@@ -20,6 +20,7 @@ from ._params import (
     Item,
     Param,
     PowerOfTwo,
+    SpaceCodeError,
     _item_names,
     _number,
     _safe_eval,
@@ -194,8 +195,25 @@ class SearchSpace:
             if p.condition is None or _safe_eval(p.condition, env) is True:
                 values[p.name] = env[p.name] = p.sample(trial)
         if self.define_by_run is not None:
-            values.update(self.define_by_run(trial, dict(values)))
+            values.update(self._run_define_by_run(trial, values))
         return self._complete(values)
+
+    def _run_define_by_run(self, trial: Any, values: dict[str, Any]) -> Mapping[str, Any]:
+        """What the define-by-run function adds; what it raises (other than a constraint the
+        point violates, or a study store that cannot be reached) as a ``SpaceCodeError``."""
+        name = getattr(self.define_by_run, "__name__", "?")
+        try:
+            more = self.define_by_run(trial, dict(values))  # type: ignore[misc]
+        except (SpaceError, ConnectionError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's code: one line, not a traceback
+            raise SpaceCodeError(f"define-by-run function {name} raised "
+                                 f"{type(e).__name__}: {e}") from e
+        if not isinstance(more, Mapping):
+            raise SpaceCodeError(f"define-by-run function {name} returned "
+                                 f"{type(more).__name__}; it returns a dict of parameter names "
+                                 "to values")
+        return more
 
     def encode(self, point: Mapping[str, Any]) -> dict[str, Any]:
         """``point`` as Optuna parameters (for enqueueing): powers of two become exponents."""

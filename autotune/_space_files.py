@@ -48,10 +48,10 @@ def check_space(space: SearchSpace, points: int = 64, own: Iterable[str] = ()) -
 
     from .plan import name_problems, schedule_problems, value_problems
 
-    if space.define_by_run is not None:  # it may set any name; the plan checks each trial
-        return []
-    problems = name_problems([p.name for p in space.params] + [d.name for d in space.derived],
-                             own)
+    problems: list[str] = []
+    if space.define_by_run is None:  # one may set any name; the plan checks each trial's
+        problems = name_problems([p.name for p in space.params] +
+                                 [d.name for d in space.derived], own)
     for p in space.params:
         if isinstance(p, Categorical):
             problems.extend(value_problems(p.name, p.choices))

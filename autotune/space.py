@@ -31,10 +31,11 @@ from ._params import (
     Int,
     Param,
     PowerOfTwo,
+    SpaceCodeError,
 )
 from ._searchspace import SearchSpace
 from ._space_files import DataInfo, check_space, load_space, shipped_spaces
 
 __all__ = ["Param", "Float", "Int", "PowerOfTwo", "Categorical", "Fixed", "Derived",
-           "Constraint", "SearchSpace", "InfeasiblePoint", "DataInfo", "load_space",
-           "shipped_spaces", "check_space"]
+           "Constraint", "SearchSpace", "InfeasiblePoint", "SpaceCodeError", "DataInfo",
+           "load_space", "shipped_spaces", "check_space"]

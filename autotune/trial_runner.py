@@ -34,7 +34,7 @@ from .launch import read_hostfile, trainer_env
 from .modes import make_pruner, mode_of
 from .plan import Hardware, derived_params, resolve
 from .ranks import Ranks, trial_command
-from .space import InfeasiblePoint, SearchSpace
+from .space import InfeasiblePoint, SearchSpace, SpaceCodeError
 from .trial_events import MlflowListener, RegistryListener, TrialListener
 
 log = logging.getLogger("autotune")
@@ -42,6 +42,7 @@ log = logging.getLogger("autotune")
 __all__ = ["TrialRunner"]
 
 MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
+MAX_RAISED = 3              # samples in a row the space's own code raised on before giving up
 
 
 class TrialRunner:
@@ -134,6 +135,7 @@ class TrialRunner:
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any]]:
         """A new trial and its parameters; points that violate a constraint are dropped
         (recorded as failed with outcome ``infeasible``, never trained nor counted)."""
+        raised = 0
         for _ in range(MAX_INFEASIBLE):
             trial = study.ask()
             try:
@@ -142,6 +144,17 @@ class TrialRunner:
                 trial.set_user_attr(record.OUTCOME, "infeasible")
                 trial.set_user_attr(record.DETAIL, str(e))
                 study.tell(trial, state=TrialState.FAIL)
+                raised = 0
+                continue
+            except SpaceCodeError as e:   # the user's define-by-run code
+                why = f"the search space's {e}"
+                trial.set_user_attr(record.OUTCOME, "infeasible")
+                trial.set_user_attr(record.DETAIL, why[:1000])
+                study.tell(trial, state=TrialState.FAIL)
+                raised += 1
+                if raised >= MAX_RAISED:   # not one odd point: the code is broken
+                    raise SpaceError(f"{why} ({raised} points in a row); fix it and check "
+                                     "the space with `autotune space check FILE`") from None
                 continue
             trial.set_user_attr(record.PARAMS, params)
             if trial.user_attrs.get(record.CURVE):  # a retry of a lost trial starts afresh

@@ -172,3 +172,53 @@ def test_a_batch_written_as_text_is_named_as_text(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "global_batch: '128' is not an integer" in err, err
     assert "split evenly" not in err
+
+
+DEFINE_BY_RUN = HEADER + '''
+calls = []
+
+
+def extra(trial, values):
+    calls.append(1)
+    if len(calls) > {ok_calls}:
+        raise RuntimeError("my code broke")
+    return {returned}
+
+
+space = SearchSpace(PowerOfTwo("global_batch", 64, 256), Float("lr_per_256", 0.1, 1.0),
+                    Int("epochs", 1, 3), define_by_run=extra)
+'''
+
+
+@pytest.mark.parametrize("ok_calls, returned, expected", [
+    (0, "{}", "define-by-run function extra raised RuntimeError: my code broke"),
+    (99, "[('momentum', 0.9)]", "define-by-run function extra returned list; it returns a dict"),
+])
+def test_a_define_by_run_function_that_fails_is_found_by_the_check(ok_calls, returned,
+                                                                   expected, tmp_path, capsys):
+    # space check skipped spaces with define-by-run code, and a study crashed on it with a
+    # traceback, leaving its first trial RUNNING
+    code, _ = _check(tmp_path, DEFINE_BY_RUN.removeprefix(HEADER).format(
+        ok_calls=ok_calls, returned=returned))
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and "Traceback" not in err, err
+
+
+def test_a_study_whose_define_by_run_code_breaks_stops_in_one_line_and_fails_its_trials(
+        tmp_path):
+    # the check's one call passes; the worker's samples raise from then on
+    (tmp_path / "space.py").write_text(DEFINE_BY_RUN.format(ok_calls=1, returned="{}"))
+    (tmp_path / "s.yaml").write_text("search_space: space.py\nbudget: {n_trials: 2}\n")
+    result = run_cli("start", "study", "s.yaml", "--no-warm-start", cwd=tmp_path, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "autotune: error: the search space's define-by-run function extra raised "
+        "RuntimeError: my code broke (3 points in a row); fix it and check the space with "
+        "`autotune space check FILE`")
+    import optuna
+    trials = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/autotune.db"
+                               ).trials
+    assert [(t.state.name, t.user_attrs.get("outcome")) for t in trials] == \
+        [("FAIL", "infeasible")] * 3
+    assert "my code broke" in trials[0].user_attrs["detail"]
