@@ -36,7 +36,8 @@ def load_existing_study(study_name: str, storage: str) -> optuna.Study:
 
 def storage_problem(error: BaseException, url: str) -> str:
     """What went wrong opening the database at ``url``, in one line: a database driver that is
-    not installed is named, with what to do (SQLAlchemy says only "install appropriate one")."""
+    not installed is named, with what to do (SQLAlchemy says only "install appropriate one"),
+    and so is a database the server does not have yet."""
     missing = error if isinstance(error, ModuleNotFoundError) else error.__cause__
     if isinstance(missing, ModuleNotFoundError) and missing.name:
         scheme = url.partition(":")[0]
@@ -44,6 +45,11 @@ def storage_problem(error: BaseException, url: str) -> str:
                 f"install the driver {scheme} URLs need, or use sqlite:///PATH (the default) "
                 "or postgresql://USER@HOST/DB (psycopg2, installed with autotune)")
     text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", " ".join(str(error).split()))
+    missing_db = re.search(r'database "([^"]+)" does not exist', text)
+    if missing_db:   # PostgreSQL's server is up; the study's database is not made yet
+        name = missing_db.group(1)
+        return (f'the server has no database "{name}"; create it first (createdb {name}, '
+                f'or CREATE DATABASE "{name}" as a role that may), or name one it has')
     return redact(text[:300])
 
 

@@ -344,6 +344,9 @@ VERBS = {
     "db upgrade of a study server": (["db", "upgrade", "--storage", "autotune://127.0.0.1:1"],
                                      "is a study server: db upgrade needs a database"),
     "db upgrade of a path": (["db", "upgrade", "--storage", "study.db"], "not a database URL"),
+    "db upgrade of a database whose driver is missing": (
+        ["db", "upgrade", "--storage", "mysql://u@h/db"],
+        "(Python module MySQLdb) is not installed"),
     "db upgrade of an unknown scheme": (["db", "upgrade", "--storage", "nosuch://x"],
                                         "cannot open nosuch://x"),
     "db upgrade of a database that is down": (

@@ -236,3 +236,17 @@ def test_a_key_may_override_one_merged_in_from_an_anchor(tmp_path):
                                      "  n_trials: 4\n")
     cfg = config.load(str(tmp_path / "s.yaml"))
     assert (cfg.budget.n_trials, cfg.budget.timeout_s) == (4, 60)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("argv", [["start", "study", "quickstart"], ["status", "x"],
+                                  ["db", "upgrade"]])
+def test_a_database_the_server_lacks_is_named_with_how_to_make_it(argv, postgres, workdir,
+                                                                    capsys):
+    url = f"{postgres.database().rpartition('/')[0]}/autotune_never_made"
+    assert main([*argv, "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert ('the server has no database "autotune_never_made"; create it first (createdb '
+            'autotune_never_made') in err, err
+    assert list(workdir.iterdir()) == []

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..config import database_url, redact
 from ..errors import ConfigError
+from ..store import storage_problem
 
 __all__ = ["VERSION_TABLE", "head", "upgrade", "downgrade", "current", "check", "script_location"]
 
@@ -71,6 +72,8 @@ def current(url: str) -> str:
 
     try:
         engine = create_engine(database_url(url))
+    except ModuleNotFoundError as e:    # a URL whose driver is not installed
+        raise ConfigError(f"cannot open {redact(url)}: {storage_problem(e, url)}") from None
     except SQLAlchemyError as e:
         first = " ".join(str(e).split())[:200]
         raise ConfigError(f"cannot open {redact(url)}: {redact(first)}; use a database URL "
@@ -82,8 +85,7 @@ def current(url: str) -> str:
             row = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).first()
             return str(row[0]) if row else ""
     except SQLAlchemyError as e:
-        first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot reach {redact(url)}: {redact(first)}") from None
+        raise ConfigError(f"cannot reach {redact(url)}: {storage_problem(e, url)}") from None
     finally:
         engine.dispose()
 
