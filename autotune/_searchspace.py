@@ -195,15 +195,17 @@ class SearchSpace:
             if p.condition is None or _safe_eval(p.condition, env) is True:
                 values[p.name] = env[p.name] = p.sample(trial)
         if self.define_by_run is not None:
-            values.update(self._run_define_by_run(trial, values))
+            values.update(self._run_define_by_run(self.define_by_run, trial, values))
         return self._complete(values)
 
-    def _run_define_by_run(self, trial: Any, values: dict[str, Any]) -> Mapping[str, Any]:
+    @staticmethod
+    def _run_define_by_run(function: DefineByRun, trial: Any,
+                           values: dict[str, Any]) -> Mapping[str, Any]:
         """What the define-by-run function adds; what it raises (other than a constraint the
         point violates, or a study store that cannot be reached) as a ``SpaceCodeError``."""
-        name = getattr(self.define_by_run, "__name__", "?")
+        name = getattr(function, "__name__", "?")
         try:
-            more = self.define_by_run(trial, dict(values))  # type: ignore[misc]
+            more = function(trial, dict(values))
         except (SpaceError, ConnectionError):
             raise
         except Exception as e:  # noqa: BLE001 - the user's code: one line, not a traceback

@@ -49,7 +49,7 @@ def check_space(space: SearchSpace, points: int = 64, own: Iterable[str] = ()) -
     from .plan import name_problems, schedule_problems, value_problems
 
     problems: list[str] = []
-    if space.define_by_run is None:  # one may set any name; the plan checks each trial's
+    if space.define_by_run is None:  # that code may add any name: the plan checks those
         problems = name_problems([p.name for p in space.params] +
                                  [d.name for d in space.derived], own)
     for p in space.params:

@@ -133,26 +133,24 @@ class TrialRunner:
                 yield
 
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any]]:
-        """A new trial and its parameters; points that violate a constraint are dropped
-        (recorded as failed with outcome ``infeasible``, never trained nor counted)."""
+        """A new trial and its parameters; points that violate a constraint, or that the
+        space's define-by-run code raised on, are dropped (recorded as failed with outcome
+        ``infeasible`` and why, never trained nor counted)."""
         raised = 0
         for _ in range(MAX_INFEASIBLE):
             trial = study.ask()
             try:
                 params = self.space.sample(trial)
-            except InfeasiblePoint as e:
-                trial.set_user_attr(record.OUTCOME, "infeasible")
-                trial.set_user_attr(record.DETAIL, str(e))
-                study.tell(trial, state=TrialState.FAIL)
-                raised = 0
-                continue
-            except SpaceCodeError as e:   # the user's define-by-run code
-                why = f"the search space's {e}"
+            except (InfeasiblePoint, SpaceCodeError) as e:
+                # dropped, never trained nor counted; the space's own (define-by-run) code
+                # raising at each of MAX_RAISED points in a row is broken, not unlucky
+                code = isinstance(e, SpaceCodeError)
+                why = f"the search space's {e}" if code else str(e)
                 trial.set_user_attr(record.OUTCOME, "infeasible")
                 trial.set_user_attr(record.DETAIL, why[:1000])
                 study.tell(trial, state=TrialState.FAIL)
-                raised += 1
-                if raised >= MAX_RAISED:   # not one odd point: the code is broken
+                raised = raised + 1 if code else 0
+                if raised >= MAX_RAISED:
                     raise SpaceError(f"{why} ({raised} points in a row); fix it and check "
                                      "the space with `autotune space check FILE`") from None
                 continue
