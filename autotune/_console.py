@@ -4,8 +4,10 @@ the best trial and where to review it; and the libraries' own logs kept off the 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -113,14 +115,34 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
              f"{best.value:.2f} s")
         for key, value in best_params.items():
             echo(f"  {key} = {short(value)}")
+        model = model_note(best)
+        if model:
+            echo(f"  model: {model}")
     tracker.study_plots(study, cfg.target.metric, cfg.target.value, final=True)
-    tracker.end_study(summary, best_params)
+    tracker.end_study(summary, best_params,
+                      best_model="" if best is None or best.user_attrs.get(record.OUTCOME)
+                      != "reached" else str(best.user_attrs.get(record.MODEL) or ""))
     if not tracker.close(timeout_s=60):
         echo(f"MLflow at {tracker.uri} is unreachable: {tracker.outbox.pending} record(s) wait "
              f"in {tracker.outbox.spool}; the next run of this study delivers them")
     echo("review the study in the MLflow UI:")
     echo(f"  {ui_command(cfg.tracking_uri, cfg.study_name)}")
     return 0
+
+
+def model_note(trial: FrozenTrial) -> str:
+    """Where ``trial``'s saved model is (``autotune.load_model`` reads it): its path, with the
+    machine it is on where that is not this one or the file is gone; "" if it saved none."""
+    path = trial.user_attrs.get(record.MODEL)
+    if not path:
+        return ""
+    if Path(path).is_file():
+        return str(path)
+    hosts = trial.user_attrs.get(record.HOSTS) or []
+    here = os.uname().nodename
+    if hosts and hosts[0] != here:
+        return f"{path} (on {hosts[0]})"
+    return f"{path} (removed since)"
 
 
 def quiet_libraries() -> None:

@@ -67,6 +67,9 @@ class TrainerConfig:
     checkpoint_every_s: float = 60.0        # a checkpoint at the first evaluation after this
                                             # many training seconds, so a trial whose worker
                                             # dies resumes from there; 0: only on SIGTERM
+    save_model: bool = True                 # a trial that reaches the target saves its model
+                                            # (trial-N/model.pt); once a faster trial has, the
+                                            # slower ones' are removed
     warm_ranks: bool = True                 # keep a worker's trainer ranks between its trials
                                             # (when the program serves plans: its start
                                             # report says so); false: a fresh launch each
@@ -360,7 +363,7 @@ def _name_of(stem: str) -> str:
 # What a resumed study may change without being told: how long and where this run goes on.
 RESUMABLE = ("budget.n_trials", "budget.timeout_s", "workers", "storage", "tracking_uri",
              "run_dir", "warm_start", "source", "base_dir", "seed", "oversubscribe",
-             "trainer.setup_limit_s")
+             "trainer.setup_limit_s", "trainer.save_model")
 
 
 def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -229,6 +229,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, *, autot
         trial.set_user_attr(record.CHECKPOINT, result.summary["checkpoint"])
         trial.set_user_attr(record.CHECKPOINT_ELAPSED, result.summary.get(
             "checkpoint_elapsed_s"))
+    if result.outcome == "reached" and result.summary.get("model_path"):
+        trial.set_user_attr(record.MODEL, str(result.summary["model_path"]))
     if result.summary.get(record.UNREADABLE):   # skipped by the trainer, named in its log
         trial.set_user_attr(record.UNREADABLE, int(result.summary[record.UNREADABLE]))
     if autotune:

@@ -280,7 +280,7 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
         "max_seconds": float(max_seconds), "seed": int(seed),
         "precision": str(trainer["precision"]) if on_gpu else "fp32",
         "compile": bool(trainer["compile"]),
-        "serve": False, "checkpoint_dir": None, "resume_from": None,
+        "serve": False, "checkpoint_dir": None, "resume_from": None, "model_path": None,
         "deepspeed": {
             "train_batch_size": batch, "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": accum, "zero_optimization": {"stage": 0},

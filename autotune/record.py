@@ -25,7 +25,7 @@ __all__ = ["OUTCOME", "STOP_REASON", "DETAIL", "PARAMS", "CURVE", "ELAPSED", "BE
            "SETUP_PHASES", "AUGMENT", "SETUP_S", "HOSTS", "TRAINER_PID", "RANKS_TRIAL",
            "LOST_WORKER", "LOST_RUN_KEY", "STUDY_CONFIG", "STUDY_SPACE", "RESUMED_REASONS",
            "CurveRow", "curve_rows", "last_loss", "finished", "reached", "best_reached",
-           "resumption", "stored_trial"]
+           "resumption", "stored_trial", "MODEL", "stale_models"]
 
 # -- keys of a trial's user attributes ----------------------------------------------------------
 OUTCOME = "outcome"                  # reached | censored | failed | infeasible
@@ -52,6 +52,7 @@ UNREADABLE = "unreadable_images"      # image files its trainer could not decode
 NOISE_SCALE = "noise_scale"          # the gradient noise scale it measured last (images)
 SETUP_S = "setup_s"                  # seconds from the start (or the plan) to the first step
 HOSTS = "hosts"                      # the machines its ranks ran on
+MODEL = "model_path"                 # the model it saved on reaching the target (rank 0's host)
 TRAINER_PID = "trainer_pid"          # rank 0's process
 RANKS_TRIAL = "ranks_trial"          # the how-manieth trial of its ranks (1: launched for it)
 LOST_WORKER = "lost_worker"          # a resumption of a lost worker's trial: that worker
@@ -113,6 +114,14 @@ def reached(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
 def best_reached(trials: Iterable[FrozenTrial]) -> FrozenTrial | None:
     """The trial with the smallest TTA, or None when none reached."""
     return min(reached(trials), key=lambda t: float(t.value or 0.0), default=None)
+
+
+def stale_models(trials: Iterable[FrozenTrial]) -> list[str]:
+    """The saved models to remove: those of trials that reached the target more slowly than
+    the fastest trial that saved one (which is kept, whatever came after it)."""
+    saved = [t for t in reached(trials) if t.user_attrs.get(MODEL)]
+    best = min(saved, key=lambda t: (float(t.value or 0.0), t.number), default=None)
+    return [str(t.user_attrs[MODEL]) for t in saved if best is not None and t is not best]
 
 
 def resumption(lineage: Sequence[int], number: int, checkpoint: str | None,

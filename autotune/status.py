@@ -10,7 +10,7 @@ import optuna
 
 from . import record
 from ._channel import is_server_url
-from ._console import short
+from ._console import model_note, short
 from .config import database_url, redact
 from .decisions import elapsed_of
 
@@ -80,4 +80,7 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
         echo(f"best: trial {best.number}, TTA {best.value:.2f} s")
         for key, value in (dict(best.user_attrs.get(record.PARAMS, {})) or best.params).items():
             echo(f"  {key} = {short(value)}")
+        model = model_note(best)
+        if model:
+            echo(f"  model: {model}")
     return 0

@@ -246,9 +246,12 @@ class Tracker:
         trials = study.get_trials(deepcopy=False)
         self._log(STUDY_KEY, tags={"mlflow.note.content": leaderboard(trials, metric, target)})
 
-    def end_study(self, summary: Mapping[str, Any], best_params: Mapping[str, Any]) -> None:
-        self._log(STUDY_KEY, metrics=summary,
-                  tags={f"best.{k}": v for k, v in best_params.items()})
+    def end_study(self, summary: Mapping[str, Any], best_params: Mapping[str, Any],
+                  best_model: str = "") -> None:
+        tags = {f"best.{k}": v for k, v in best_params.items()}
+        if best_model:
+            tags["autotune.best_model_path"] = best_model
+        self._log(STUDY_KEY, metrics=summary, tags=tags)
         self.outbox.submit({"op": "status", "run": STUDY_KEY, "status": "FINISHED",
                             "end_ms": _now_ms()})
 

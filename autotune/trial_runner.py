@@ -43,6 +43,7 @@ __all__ = ["TrialRunner"]
 
 MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
 MAX_RAISED = 3              # samples in a row the space's own code raised on before giving up
+MODEL_FILE = "model.pt"     # in a trial's folder: its model, saved once it reached the target
 
 
 class TrialRunner:
@@ -183,8 +184,22 @@ class TrialRunner:
             study.enqueue_trial(dict(trial.params), user_attrs=record.resumption(
                 attrs.get(record.LINEAGE, []), trial.number, result.summary["checkpoint"],
                 result.summary.get("checkpoint_elapsed_s"), time.time()))
+        if told:
+            self._remove_stale_models(study)
         self._emit("study_changed", study)
         return result
+
+    def _remove_stale_models(self, study: optuna.Study) -> None:
+        """Removes the models of this worker's trials that a faster trial's model replaced
+        (``record.stale_models``); only files under this study's run folder."""
+        mine = self.run_dir.resolve()
+        for path in record.stale_models(study.get_trials(deepcopy=False,
+                                                         states=(TrialState.COMPLETE,))):
+            file = Path(path)
+            if mine in file.parents and file.is_file():
+                with contextlib.suppress(OSError):
+                    file.unlink()
+                    log.info("removed %s: a faster trial saved its model", file)
 
     def _tell_once(self, study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> bool:
         """Tells ``result``; False when the trial was already ended elsewhere (its worker was
@@ -215,6 +230,8 @@ class TrialRunner:
         folder = self.run_dir / f"trial-{trial.number}"
         folder.mkdir(parents=True, exist_ok=True)
         plan["checkpoint_dir"] = str((folder / "checkpoint").resolve())
+        if self.cfg.trainer.save_model:
+            plan["model_path"] = str((folder / MODEL_FILE).resolve())
         resume = trial.user_attrs.get(record.RESUME_FROM)
         if resume:  # a resumption: same parameters, its clock continues from the checkpoint
             plan["resume_from"] = resume

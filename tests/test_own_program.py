@@ -226,6 +226,15 @@ def test_the_readme_example_is_tuned_stopped_resumed_pruned_and_recorded(tmp_pat
         (t.number, t.state.name, t.user_attrs.get("stop_reason")) for t in trials]
     outcomes = [(t.user_attrs["outcome"], t.user_attrs["stop_reason"]) for t in counted]
     assert ("reached", "reached") in outcomes, outcomes
+    # the script saved its model where the plan said; the study keeps the fastest one's
+    best = min((t for t in counted if t.user_attrs["outcome"] == "reached"),
+               key=lambda t: t.value)
+    assert best.user_attrs["model_path"] == str(
+        (tmp_path / "autotune-runs" / "own_trainer" / f"trial-{best.number}" / "model.pt")
+        .resolve())
+    assert sorted((tmp_path / "autotune-runs" / "own_trainer").glob("trial-*/model.pt")) == [
+        Path(best.user_attrs["model_path"])]
+    assert f"  model: {best.user_attrs['model_path']}\n" in out
     assert any(o == "censored" and r not in ("planned_epochs", "max_seconds")
                for o, r in outcomes), outcomes                 # stopped by the pruner
     plan = (tmp_path / "autotune-runs" / "own_trainer" / f"trial-{lost.number}" / "plan.json")

@@ -9,6 +9,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
+import autotune
 from autotune.config import resolve_tracking_uri
 from autotune.replay import load_table
 
@@ -37,6 +38,15 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     if best is not None:
         assert f"best: trial {best.number}" in out
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    # The best trial's model is kept, loadable without DeepSpeed; a slower one's is removed.
+    folder = tmp_path / "autotune-runs" / "quickstart"
+    models = sorted(path.parent.name for path in folder.glob("trial-*/model.pt"))
+    assert models == ([f"trial-{best.number}"] if best is not None else [])
+    if best is not None:
+        path = (folder / f"trial-{best.number}" / "model.pt").resolve()
+        assert best.user_attrs["model_path"] == str(path) and f"  model: {path}\n" in out
+        saved = autotune.load_model(path)
+        assert saved.classes == [str(i) for i in range(10)] and saved.info["tta_s"] == best.value
     for t in trials:
         # A drawn configuration may diverge on this machine; that is the configuration's fault,
         # told to the sampler as a violated constraint, never an Optuna failure.
@@ -61,6 +71,7 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     parent = parents[0]
     if best is not None:
         assert parent.data.metrics["best_tta_s"] == best.value
+        assert parent.data.tags["autotune.best_model_path"] == best.user_attrs["model_path"]
     else:
         assert "best_tta_s" not in parent.data.metrics
     for run in children:
@@ -85,6 +96,7 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     assert status.stdout.count("COMPLETE") == 2
     if best is not None:                  # the winning configuration, as start study prints it
         assert "\n  global_batch = " in status.stdout.split("best: trial")[1]
+        assert f"\n  model: {best.user_attrs['model_path']}\n" in status.stdout
 
     again = run_cli(*args, "--n-trials", "3", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -393,6 +393,10 @@ class Trial:
                    **{f"best_{k}": v for k, v in st["best"].items()}, **extra}
         if self._saved is not None:
             summary["checkpoint_elapsed_s"], summary["checkpoint"] = self._saved
+        model = self.plan.get("model_path")
+        if reason == "reached" and model and "model_path" not in summary \
+                and Path(model).is_file():      # a script saved its model where the plan said
+            summary["model_path"] = str(model)
         self.control.end(summary, self._prune)
         self._summary = summary
         return summary

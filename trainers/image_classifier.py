@@ -45,7 +45,7 @@ from trainers import api, noise
 from trainers._control import DIVERGED, GO, OOM, REASONS
 from trainers._grads import FlatGrads
 from trainers._rank import agree, is_oom
-from trainers.models import build_engine, evaluate
+from trainers.models import build_engine, evaluate, save_model
 from trainers.sources import Source, kept_source
 
 
@@ -202,6 +202,9 @@ class Trainer:
             torch.save(self.engine.module.state_dict(), plan["save_model"])
         extra: dict[str, Any] = {"best_top1": trial.state["best"].get("top1", 0.0),
                                  "best_top5": trial.state["best"].get("top5", 0.0)}
+        if plan.get("model_path") and trial.reason == "reached" \
+                and self._save_model(str(plan["model_path"])):
+            extra["model_path"] = str(plan["model_path"])
         skipped = self._unreadable()
         if skipped:
             extra["unreadable_images"] = skipped
@@ -210,6 +213,24 @@ class Trainer:
             if self.noise.value:
                 extra["noise_scale"] = self.noise.value
         return trial.end(**extra)
+
+    def _save_model(self, path: str) -> bool:
+        """The model that reached the target, as evaluated (every rank holds rank 0's buffers
+        then), saved by rank 0 to ``path`` (``models.save_model``); the others wait for it.
+        A save that fails (a full disk) is named in the log and leaves the result as it is."""
+        saved = True
+        if self.rank == 0:
+            try:
+                save_model(path, self.engine.module, self.plan, self.source.class_names(),
+                           tta_s=self.trial.reached_at,
+                           reached={k: v for k, v in self.trial.state["best"].items()})
+            except (OSError, RuntimeError) as e:
+                print(f"autotune: could not save the model to {path} ({e}); the trial's "
+                      "result stands, without its model", file=sys.stderr, flush=True)
+                saved = False
+        if self.world > 1:
+            dist.barrier()
+        return saved
 
     def _unreadable(self) -> int:
         """How many files the ranks could not decode and skipped, each counted once (a file

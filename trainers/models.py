@@ -5,7 +5,9 @@ every rank's share of the validation set."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +16,10 @@ import torch.distributed as dist
 from trainers.protocol import ZERO_INIT_MODELS
 from trainers.schedule import lr_factor
 
-__all__ = ["build_engine", "build_model", "build_optimizer", "evaluate", "model_kwargs"]
+__all__ = ["MODEL_FORMAT", "build_engine", "build_model", "build_optimizer", "evaluate",
+           "model_kwargs", "save_model"]
+
+MODEL_FORMAT = "autotune-model/1"   # what a saved model file says it is (autotune.load_model)
 
 
 def model_kwargs(name: str, num_classes: int, image_size: int,
@@ -50,6 +55,38 @@ def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
     size = image_size_of(plan.get("data") or {})
     return factory(**model_kwargs(plan["model"], num_classes, size,
                                   bool(plan["zero_init_residual"])))
+
+
+def save_model(path: str | Path, module: torch.nn.Module, plan: dict[str, Any],
+               classes: list[str], **info: Any) -> None:
+    """Saves ``module``'s weights and what it takes to use them again (``autotune.load_model``):
+    the torchvision model and its arguments, the class names in label order, the data and the
+    evaluation's image size and preparation, the plan's target and parameters, and ``info``
+    (the TTA). Written to a temporary file and renamed, so a reader never sees half of it."""
+    from trainers.sources import image_size_of
+
+    data = dict(plan.get("data") or {})
+    size = image_size_of(data)
+    weights = {_plain_name(k): v.detach().cpu() for k, v in module.state_dict().items()}
+    saved = {"format": MODEL_FORMAT, "model": plan["model"],
+             "model_kwargs": model_kwargs(plan["model"], len(classes), size),
+             "classes": list(classes), "data": data, "augment": plan.get("augment", "none"),
+             "eval_size": int(plan.get("eval_size") or data.get("eval_size") or size),
+             "target": dict(plan.get("target") or {}), "params": dict(plan.get("params") or {}),
+             **info, "state_dict": weights}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.part")
+    torch.save(saved, part)
+    os.replace(part, path)
+
+
+def _plain_name(key: str) -> str:
+    """A weight's name in the plain torchvision model (torch.compile and wrappers prefix it)."""
+    for prefix in ("_orig_mod.", "module."):
+        while key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
 
 
 def build_optimizer(model: torch.nn.Module, plan: dict[str, Any]) -> torch.optim.Optimizer:

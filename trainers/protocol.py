@@ -184,4 +184,6 @@ class Plan(TypedDict):
                                 # this trial (autotune.ranks); written at the launch
     checkpoint_dir: str | None
     resume_from: str | None     # a step-N checkpoint folder to continue from
+    model_path: str | None      # where a trial that reaches the target saves its model
+                                # (trainers.models.save_model); None: not saved
     deepspeed: dict[str, Any]   # DeepSpeed's config, generated from the above

@@ -75,6 +75,10 @@ class Source:
                   size: int | None) -> Iterator[Batch]:
         raise NotImplementedError
 
+    def class_names(self) -> list[str]:
+        """The classes' names in label order (a tree's folder names; else the labels)."""
+        return [str(i) for i in range(self.num_classes)]
+
     def close(self) -> None:
         """Releases loader processes, if any."""
 
@@ -241,6 +245,7 @@ class ImageFolderSource(Source):
         self.train, self.val = _Folder(layout.train, layout.classes), _Folder(layout.val,
                                                                             layout.classes)
         self.num_classes = len(layout.classes)
+        self.classes = list(layout.classes)     # label i is the folder classes[i]
         self.train_len, self.val_len = len(self.train), len(self.val)
         self.workers = int(spec.get("loader_workers", min(4, os.cpu_count() or 1)))
         self.pin = on_gpu
@@ -249,6 +254,9 @@ class ImageFolderSource(Source):
         self.reads = 0                        # images this rank asked its loaders for
         self.unreadable: dict[str, str] = {}  # path -> the decoder's error, each named once
         self.unreadable_reads = 0
+
+    def class_names(self) -> list[str]:
+        return list(self.classes)
 
     def _loader(self, part: str, dataset: Any, transform: Callable[[int], Any], key: Any,
                 indices: Sequence[int], batch: int, size: int,
@@ -328,9 +336,14 @@ def open_image(path: str, least: int = 0) -> Any:
         image = Image.open(f)
         if least and image.format == "JPEG":
             image.draft("RGB", (least, least))
-        if image.mode in _DEEP_MODES:
-            image = _to_8_bits(image)
-        return image.convert("RGB")
+        return as_rgb(image)
+
+
+def as_rgb(image: Any) -> Any:
+    """A PIL image in RGB, as the trainer reads every image (deep ones scaled to 8 bits)."""
+    if image.mode in _DEEP_MODES:
+        image = _to_8_bits(image)
+    return image.convert("RGB")
 
 
 # Integer and floating-point images deeper than 8 bits (16-bit PNG and TIFF, as microscopes,

@@ -100,6 +100,8 @@ def main() -> None:
             if trial.step_done(loss.item()):       # an evaluation is due
                 trial.report(top1=accuracy(model, x_val, y_val, trial.rank, trial.world),
                              loss=loss.item())
+        if trial.reached_at is not None and plan["model_path"] and trial.rank == 0:
+            torch.save(model.state_dict(), plan["model_path"])   # the study keeps its best
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""The model a winning trial saved, loaded back for use (``autotune.load_model``).
+
+A trial that reaches the target saves its model as it was at that evaluation (the file a study
+names after its best trial, ``trial-N/model.pt`` in the run folder): the weights, the
+torchvision model and its arguments, the class names in label order, and how the evaluation
+prepared images. ``load_model`` rebuilds the model from torchvision without DeepSpeed or a
+GPU, in evaluation mode, with a transform that prepares a PIL image as the evaluation did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import AutotuneError
+
+__all__ = ["ModelFileError", "SavedModel", "load_model"]
+
+
+class ModelFileError(AutotuneError):
+    """A file that is not a model autotune saved, or one it cannot rebuild."""
+
+
+@dataclass
+class SavedModel:
+    """``module``: the torchvision model in evaluation mode; ``classes``: the class names,
+    label ``i`` being ``classes[i]``; ``transform``: PIL image to input tensor, as the
+    evaluation prepared images (None for the digits and synthetic data, which are tensors
+    already); ``info``: the rest of what was saved (``model``, ``params``, ``target``,
+    ``tta_s``, ``reached``, ``data``, ``eval_size``, ``augment``)."""
+
+    module: Any
+    classes: list[str]
+    transform: Any
+    info: dict[str, Any]
+
+    def predict(self, images: Any) -> list[str]:
+        """The class name predicted for each of ``images``: image files (paths), PIL images,
+        or a batch tensor already prepared as ``transform`` prepares one."""
+        import torch
+
+        from trainers.sources import as_rgb, open_image
+
+        if not isinstance(images, torch.Tensor):
+            if self.transform is None:
+                raise ModelFileError(f"this model trained on {self.info['data'].get('kind')} "
+                                     "data, which has no image preparation; pass a tensor")
+            images = torch.stack([self.transform(
+                open_image(str(image)) if isinstance(image, str | Path) else as_rgb(image))
+                for image in images])
+        with torch.no_grad():
+            labels = self.module(images).argmax(dim=1).tolist()
+        return [self.classes[i] for i in labels]
+
+
+def load_model(path: str | Path) -> SavedModel:
+    """The model saved at ``path`` by a trial that reached its target."""
+    import torch
+
+    from trainers.augment import eval_transform
+    from trainers.models import MODEL_FORMAT
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"{path} is not a file; give the model.pt a trial saved (`autotune "
+                             "status STUDY` names the best trial's)")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle, zip and torch each raise their own
+        raise ModelFileError(f"{path} cannot be read as a saved model ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'}); "
+                             "give the model.pt a trial saved") from None
+    if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
+        raise ModelFileError(f"{path} is not a model autotune saved (no format "
+                             f"{MODEL_FORMAT!r} in it); give the model.pt a trial saved")
+    import torchvision
+
+    factory = getattr(torchvision.models, str(saved["model"]), None)
+    if factory is None:
+        raise ModelFileError(f"{path} holds a {saved['model']} model, which this torchvision "
+                             f"({torchvision.__version__}) does not have")
+    module = factory(**saved["model_kwargs"])
+    try:
+        module.load_state_dict(saved["state_dict"])
+    except RuntimeError as e:
+        raise ModelFileError(f"{path}: its weights do not fit torchvision's {saved['model']} "
+                             f"({str(e).splitlines()[0][:200]})") from None
+    module.eval()
+    data = dict(saved.get("data") or {})
+    transform = (eval_transform(str(saved.get("augment") or "none"), int(saved["eval_size"]))
+                 if data.get("kind") == "imagefolder" else None)
+    info = {k: v for k, v in saved.items() if k not in ("state_dict", "format", "classes")}
+    return SavedModel(module, list(saved["classes"]), transform, info)
