@@ -28,7 +28,8 @@ class SavedModel:
     label ``i`` being ``classes[i]``; ``transform``: PIL image to input tensor, as the
     evaluation prepared images (None for the digits and synthetic data, which are tensors
     already); ``info``: the rest of what was saved (``model``, ``params``, ``target``,
-    ``tta_s``, ``reached``, ``data``, ``eval_size``, ``augment``)."""
+    ``tta_s``, ``evaluation``: the metrics of the evaluation that reached the target, ``data``,
+    ``eval_size``, ``augment``)."""
 
     module: Any
     classes: list[str]
@@ -68,9 +69,8 @@ def load_model(path: str | Path) -> SavedModel:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - pickle, zip and torch each raise their own
-        raise ModelFileError(f"{path} cannot be read as a saved model ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'}); "
-                             "give the model.pt a trial saved") from None
+        raise ModelFileError(f"{path} cannot be read as a saved model (torch.load: "
+                             f"{type(e).__name__}); give the model.pt a trial saved") from None
     if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
         raise ModelFileError(f"{path} is not a model autotune saved (no format "
                              f"{MODEL_FORMAT!r} in it); give the model.pt a trial saved")

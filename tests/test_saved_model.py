@@ -51,6 +51,7 @@ def test_a_trial_that_reaches_its_target_saves_the_model_it_evaluated(tmp_path):
     saved = autotune.load_model(plan["model_path"])
     assert saved.classes == ["cat", "dog", "fox"]         # label i is the folder classes[i]
     assert saved.info["tta_s"] == end["tta_s"] and saved.info["model"] == "resnet18"
+    assert saved.info["evaluation"] == {k: evaluated[k] for k in ("top1", "top5", "loss")}
     assert saved.info["params"]["global_batch"] == 32
     assert not saved.module.training
     # Each validation image, opened and prepared by the saved transform, predicted by the

@@ -175,6 +175,7 @@ class Trainer:
         micro, accum, spe = plan["micro_batch"], plan["grad_accum"], plan["steps_per_epoch"]
         trial.start(augment=self.augment)
         epoch, batches = -1, None
+        self.evaluated: dict[str, Any] = {}     # the last evaluation's metrics
         while trial.running:
             if trial.epoch != epoch:
                 epoch = trial.epoch
@@ -197,7 +198,8 @@ class Trainer:
             if code != GO:
                 trial.stop(REASONS[code])
             if trial.step_done():
-                trial.report(**self._eval_fields())
+                self.evaluated = self._eval_fields()
+                trial.report(**self.evaluated)
         if plan.get("save_model") and self.rank == 0:
             torch.save(self.engine.module.state_dict(), plan["save_model"])
         extra: dict[str, Any] = {"best_top1": trial.state["best"].get("top1", 0.0),
@@ -222,8 +224,9 @@ class Trainer:
         if self.rank == 0:
             try:
                 save_model(path, self.engine.module, self.plan, self.source.class_names(),
-                           tta_s=self.trial.reached_at,
-                           reached={k: v for k, v in self.trial.state["best"].items()})
+                           tta_s=self.trial.reached_at, evaluation={
+                               k: v for k, v in self.evaluated.items()
+                               if k in ("top1", "top5", "loss", "image_size")})
             except (OSError, RuntimeError) as e:
                 print(f"autotune: could not save the model to {path} ({e}); the trial's "
                       "result stands, without its model", file=sys.stderr, flush=True)
