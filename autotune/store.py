@@ -99,7 +99,8 @@ def open_storage(url: str, create: bool = True) -> Any:
             why = refused(e)
             if why:
                 raise ConfigError(f"the study server at {address} {why}") from None
-            first = " ".join(str(e).split())[:200]
+            details = getattr(e, "details", None)     # gRPC's error: its own words only
+            first = " ".join(str(details() if callable(details) else e).split())[:200]
             raise ConfigError(f"cannot reach the study server at {address}: {first}; is "
                               "`autotune server` running there?") from e
         return RetryingStorage(proxy,  # type: ignore[abstract]

@@ -185,7 +185,8 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "storage server port too high": ("storage: autotune://127.0.0.1:70000\n",
                                      "is not a port; use 1 to 65535"),
     "storage server down": ("storage: autotune://127.0.0.1:1\n",
-                            "cannot reach the study server at 127.0.0.1:1"),
+                            "cannot reach the study server at 127.0.0.1:1: failed to connect"
+                            " to all addresses"),   # gRPC's words, not its error object's
     "storage sqlite folder missing": ("storage: sqlite:////nonexistent/dir/a.db\n",
                                       "no folder /nonexistent/dir; create it first"),
     "storage postgres down": ("storage: postgresql://u:pw@127.0.0.1:1/x\n",
