@@ -177,6 +177,28 @@ def _add_status(sub: Any) -> None:
     p.set_defaults(func=_status)
 
 
+def _stop_study(args: argparse.Namespace) -> int:
+    from .config import validate_storage_url
+    from .stopping import request_stop
+
+    validate_storage_url(args.storage, "--storage")
+    return request_stop(args.study, args.storage, args.now)
+
+
+def _add_stop_study(sub: Any) -> None:
+    p = sub.add_parser("stop study", help="stop a study's workers, on every machine",
+                       description="Ask every worker of a study, on any machine, to start no "
+                                   "new trial; running trials train to their end (or, with "
+                                   "--now, save a checkpoint and stop, queued to resume). "
+                                   "`autotune start study` with the study's file resumes it.")
+    p.add_argument("study", help="study name")
+    p.add_argument("--storage", default="sqlite:///autotune.db",
+                   help="Optuna storage URL (default sqlite:///autotune.db)")
+    p.add_argument("--now", action="store_true",
+                   help="running trials save a checkpoint and stop instead of finishing")
+    p.set_defaults(func=_stop_study)
+
+
 def _export_curves(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -352,13 +374,15 @@ def _parser() -> argparse.ArgumentParser:
     _add_ui(sub)
     _add_db_upgrade(sub)
     _add_status(sub)
+    _add_stop_study(sub)
     _add_export_curves(sub)
     _add_worker(sub)
     _add_server(sub)
     return parser
 
 
-_TWO_WORD = ("start study", "space show", "space check", "db upgrade", "export curves")
+_TWO_WORD = ("start study", "stop study", "space show", "space check", "db upgrade",
+             "export curves")
 
 
 def _join_two_word_commands(argv: list[str]) -> list[str]:

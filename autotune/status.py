@@ -13,6 +13,7 @@ from ._channel import is_server_url
 from ._console import model_note, short
 from .config import database_url, redact
 from .decisions import elapsed_of
+from .stopping import describe, stop_requested
 
 __all__ = ["show"]
 
@@ -51,6 +52,9 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
     trials = study.get_trials(deepcopy=False)
     now = datetime.now(UTC).replace(tzinfo=None)
     echo(f"study {study_name!r} in {redact(storage)}: {len(trials)} trial(s)")
+    halted = stop_requested(study)
+    if halted is not None:
+        echo(f"{describe(halted)}; `autotune start study` resumes it")
     echo(f"{'trial':>5}  {'state':8}  {'outcome':10}  {'reason':14}  {'seconds':>9}  params")
     best = None
     for t in trials:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from . import record
 from ._channel import is_server_url
@@ -28,6 +29,7 @@ from .decisions import TrialResult, systematic_failure
 from .errors import Stopped, StudyFailing, Terminated
 from .modes import make_pruner, make_sampler
 from .space import SearchSpace
+from .stopping import clear_stop, describe, stop_requested
 from .store import open_storage
 from .tracking import Tracker
 from .trial_runner import TrialRunner
@@ -52,6 +54,9 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         sampler=make_sampler(cfg, cfg.seed),
         pruner=make_pruner(cfg))
     check_resumed_config(cfg, study, accept_changes, echo)
+    halted = clear_stop(study)
+    if halted is not None:
+        echo(f"study {cfg.study_name!r} was {describe(halted)}; resuming it")
     existing = study.get_trials(deepcopy=False)
     if not existing and cfg.warm_start:
         for point in space.warm_starts:
@@ -122,6 +127,12 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
             return failing
         if cfg.budget.n_trials is not None and len(ended) >= cfg.budget.n_trials:
             return None
+        halted = stop_requested(study)
+        if halted is not None and not study.get_trials(deepcopy=False,
+                                                       states=(TrialState.RUNNING,)):
+            echo(f"study {cfg.study_name!r} was {describe(halted)}; the same command resumes "
+                 "it")
+            return None
         if direct and guard.may_recover(time.monotonic(), due, stall_grace(cfg.heartbeat_s)):
             try:
                 with storage.patience(0):
@@ -151,10 +162,18 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
     stopping: list[int] = []     # the first Ctrl-C or SIGTERM: checkpoint, then stop
     results: list[TrialResult] = []
     failing: list[str] = []      # every trial failed alike: start no more
+    halted: list[dict[str, Any]] = []   # `autotune stop study`: start no more
 
     def take() -> bool:
         with lock:
-            if stopping or failing:
+            if stopping or failing or halted:
+                return False
+            try:
+                request = stop_requested(study)
+            except Exception:  # noqa: BLE001 - the store is away: asked again next trial
+                request = None
+            if request is not None:
+                halted.append(request)
                 return False
             if stop_at is not None and time.monotonic() > stop_at:
                 return False
@@ -212,6 +231,8 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
             signal.signal(sig, handler)
     if stopping:
         raise Stopped(stopping[0])
+    if halted:
+        echo(f"study {cfg.study_name!r} was {describe(halted[0])}; the same command resumes it")
     if stop_at is not None and time.monotonic() >= stop_at - 1.0:
         cut = [t.number for t in study.get_trials(deepcopy=False)
                if t.user_attrs.get(record.STOP_REASON) == "study_timeout"]

@@ -35,6 +35,7 @@ from .modes import make_pruner, mode_of
 from .plan import Hardware, derived_params, resolve
 from .ranks import Ranks, trial_command
 from .space import InfeasiblePoint, SearchSpace, SpaceCodeError
+from .stopping import describe, stop_requested
 from .trial_events import MlflowListener, RegistryListener, TrialListener
 
 log = logging.getLogger("autotune")
@@ -44,6 +45,7 @@ __all__ = ["TrialRunner"]
 MAX_INFEASIBLE = 100        # constraint-violating samples in a row before giving up
 MAX_RAISED = 3              # samples in a row the space's own code raised on before giving up
 MODEL_FILE = "model.pt"     # in a trial's folder: its model, saved once it reached the target
+STOP_CHECK_S = 2.0          # how often a running trial's worker looks for `stop study --now`
 
 
 class TrialRunner:
@@ -71,6 +73,7 @@ class TrialRunner:
             *([mlflow] if mlflow else []),
             *([RegistryListener(session, mlflow)] if session is not None else [])]
         self._interrupted = threading.Event()
+        self._stop_checked = 0.0          # when `stop study --now` was last looked for
         self._local = threading.local()   # each local worker thread's ranks
         self._ops_lock, self._ops_ready = threading.Lock(), False
         self.pruner = make_pruner(cfg)
@@ -121,6 +124,22 @@ class TrialRunner:
     def interrupt(self) -> None:
         """Asks the running trial to checkpoint and stop; it is queued to resume elsewhere."""
         self._interrupted.set()
+
+    def _check_stop_now(self, study: optuna.Study) -> None:
+        """Every ``STOP_CHECK_S`` while a trial runs: `autotune stop study --now` interrupts it
+        as SIGTERM would (a store that is away is asked again next time)."""
+        now = time.monotonic()
+        if self._interrupted.is_set() or now < self._stop_checked + STOP_CHECK_S:
+            return
+        self._stop_checked = now
+        try:
+            with self._patience(0):
+                request = stop_requested(study)
+        except Exception:  # noqa: BLE001 - the store is away: the trial goes on meanwhile
+            return
+        if request is not None and request.get("now"):
+            log.info("the study was %s: trial checkpoints and stops", describe(request))
+            self.interrupt()
 
     @contextlib.contextmanager
     def _patience(self, seconds: float | None) -> Iterator[None]:
@@ -267,6 +286,7 @@ class TrialRunner:
             listeners=(lambda kind, msg: self._emit("report", trial, kind, msg),))
 
         def idle() -> None:
+            self._check_stop_now(study)
             if self._interrupted.is_set() and not asked and channel.connected:
                 channel.request("checkpoint")
                 asked.append(True)

@@ -26,6 +26,7 @@ from .errors import ConfigError, StudyFailing
 from .modes import make_pruner, make_sampler
 from .programs import check_allowed
 from .space import SearchSpace
+from .stopping import describe, stop_requested
 from .store import open_storage
 from .tracking import Tracker
 from .trial_runner import TrialRunner
@@ -80,6 +81,11 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     sweep_orphaned_shm_buffers()  # left by an earlier worker on this machine killed with -9
     storage = open_storage(storage_url, create=False)   # joins a study; creates nothing
     study, cfg, space = _load(storage, study_name, echo)
+    halted = stop_requested(study)
+    if halted is not None:
+        echo(f"study {study_name!r} was {describe(halted)}; nothing to do until `autotune "
+             "start study` resumes it")
+        return 0
     check_allowed(cfg.trainer.program, cfg.trainer.program_sha256, allow_programs, study_name)
     check_writable(cfg.run_dir, "the study's run_dir")
     check_writable(cfg.tracking_uri, "the study's tracking_uri")
@@ -108,6 +114,9 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     failing = None
     try:
         while not stopping and not failing and budget_left(study, cfg.budget.n_trials):
+            halted = stop_requested(study)
+            if halted is not None:
+                break
             results.append(runner.run(study))
             echo(format_result(results[-1], cfg.target.metric))
             failing = systematic_failure(results)
@@ -118,6 +127,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
         registry.close()
     if failing:
         raise StudyFailing(f"worker {name}: {failing}")
-    why = "stopped by SIGTERM" if stopping else "the study's budget is spent"
+    why = ("stopped by SIGTERM" if stopping else f"the study was {describe(halted)}"
+           if halted is not None else "the study's budget is spent")
     echo(f"worker {name}: {why}")
     return 0
