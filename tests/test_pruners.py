@@ -167,6 +167,24 @@ def test_divergence_nan_loss_or_chance_accuracy_after_a_share_of_the_schedule():
     assert decide(late_chance, [], None, RULES) == "diverged"
 
 
+def test_with_two_classes_a_learning_trial_is_not_at_chance():
+    # A binary task (cats and dogs, a scan positive or not): chance is 0.5, and a trial at 0.7
+    # halfway through its schedule is learning. Half of chance above it (0.75) would call it
+    # diverged; "at chance" is at most 5 points above chance.
+    binary = TimeToAccuracyPruner(0.9, num_classes=2).rules
+    learning = curve([(2, 0.62), (11, 0.70)], planned_s=20)
+    assert decide(learning, [], None, binary) is None
+    guessing = curve([(2, 0.5), (11, 0.53)], planned_s=20)
+    assert decide(guessing, [], None, binary) == "diverged"
+    # ... while 10 and 1,000 classes keep half of chance: 0.15 and 0.0015
+    assert RULES.at_chance(0.15) and not RULES.at_chance(0.151)
+    imagenet = TimeToAccuracyPruner(0.7, num_classes=1000).rules
+    assert imagenet.at_chance(0.0015) and not imagenet.at_chance(0.0016)
+    # top-5 of 20 classes guesses 0.25: at chance up to 0.30, not 0.375
+    top5 = TimeToAccuracyPruner(0.9, metric="top5", num_classes=20).rules
+    assert top5.at_chance(0.30) and not top5.at_chance(0.31)
+
+
 def test_a_blown_up_loss_at_chance_is_divergence_at_once_and_a_recovering_one_is_not():
     # Recorded on the quickstart (batch 512, LR 1.69 per 256): validation loss 1.1e22 at chance
     # after 21% of its schedule; it never left chance.

@@ -58,6 +58,13 @@ class Rules:
     same_end: float = 0.1         # follows_miss: planned ends this close (share) count as alike
     follow_evals: int = 3         # ... judged after this many evaluations
     follow_share: float = 0.1     # ... and this share of the schedule
+    chance_band: float = 0.05     # "at chance": up to half of chance above it, at most this
+
+    def at_chance(self, value: float) -> bool:
+        """Whether accuracy ``value`` is no better than guessing: at most half of chance above
+        it (0.15 for 10 classes, 0.0015 for 1,000), and never more than ``chance_band`` above
+        it, so a binary classifier at 0.7 (chance 0.5) is learning, not guessing."""
+        return value <= self.chance + min(0.5 * self.chance, self.chance_band)
 
 
 def optimistic_tta(curve: Curve, rules: Rules) -> float:
@@ -86,7 +93,7 @@ def optimistic_tta(curve: Curve, rules: Rules) -> float:
     if top >= rules.target:
         return now
     progress = curve.progress[-1] if curve.progress else 0.0
-    if top <= rules.chance * 1.5 and progress < rules.diverge_after:
+    if rules.at_chance(top) and progress < rules.diverge_after:
         return now
     best = math.inf
     if progress > 0 and rules.target - top <= rules.end_gain * math.sqrt(max(1 - progress, 0)):
@@ -150,7 +157,7 @@ def _warming_at_chance(curve: Curve, rules: Rules) -> bool:
     """Still at chance before ``diverge_after`` of its schedule: a warm-up that has shown
     nothing to judge yet."""
     progress = curve.progress[-1] if curve.progress else 0.0
-    return curve.best <= rules.chance * 1.5 and progress < rules.diverge_after
+    return rules.at_chance(curve.best) and progress < rules.diverge_after
 
 
 def _trained_whole_schedule(curve: Curve) -> bool:
@@ -215,13 +222,13 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
     """The reason to stop this trial now, or None to let it go on."""
     if loss is not None and not math.isfinite(loss):
         return "diverged"
-    at_chance = bool(curve.values) and curve.values[-1] <= rules.chance * 1.5
+    at_chance = bool(curve.values) and rules.at_chance(curve.values[-1])
     # A loss past blowup_loss at chance: no recorded trial that came back from one reached the
     # target (the highest loss any reaching trial showed was 3.2e4; BENCHMARKS.md).
     if at_chance and loss is not None and loss > rules.blowup_loss:
         return "diverged"
     progress = curve.progress[-1] if curve.progress else 0.0
-    never_left_chance = bool(curve.values) and curve.best <= rules.chance * 1.5
+    never_left_chance = bool(curve.values) and rules.at_chance(curve.best)
     if never_left_chance and progress >= rules.diverge_after:
         return "diverged"
     if curve.reached_at is not None or not curve.times:
