@@ -163,15 +163,19 @@ def _add_db_upgrade(sub: Any) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     from .config import validate_storage_url
-    from .status import show
+    from .status import list_studies, show
 
     validate_storage_url(args.storage, "--storage")
+    if args.study is None:
+        return list_studies(args.storage)
     return show(args.study, args.storage)
 
 
 def _add_status(sub: Any) -> None:
-    p = sub.add_parser("status", help="show a study's trials, workers and best TTA")
-    p.add_argument("study", help="study name")
+    p = sub.add_parser("status", help="show a study's trials, workers and best TTA (no study: "
+                                      "list the studies)")
+    p.add_argument("study", nargs="?", default=None,
+                   help="study name (none: every study in the storage, a line each)")
     p.add_argument("--storage", default="sqlite:///autotune.db",
                    help="Optuna storage URL (default sqlite:///autotune.db)")
     p.set_defaults(func=_status)

@@ -15,7 +15,8 @@ from .config import database_url, redact
 from .decisions import elapsed_of
 from .stopping import describe, stop_requested
 
-__all__ = ["show"]
+__all__ = ["list_studies", "show"]
+DEFAULT_STORAGE = "sqlite:///autotune.db"
 
 
 def _workers(url: str, study: str) -> list[dict[str, Any]]:
@@ -42,6 +43,33 @@ def _workers(url: str, study: str) -> list[dict[str, Any]]:
         return registry.workers(study)
     finally:
         registry.close()
+
+
+def list_studies(storage: str, echo: Callable[[str], None] = print) -> int:
+    """Every study in ``storage``: its trials, how many reached the target, its best TTA, and
+    whether it was stopped."""
+    from .store import open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    store = open_storage(storage, create=False)
+    summaries = optuna.get_all_study_summaries(store, include_best_trial=False)
+    echo(f"{len(summaries)} stud{'y' if len(summaries) == 1 else 'ies'} in {redact(storage)}"
+         + (":" if summaries else ""))
+    for summary in sorted(summaries, key=lambda s: s.study_name):
+        study = optuna.load_study(study_name=summary.study_name, storage=store)
+        trials = study.get_trials(deepcopy=False)
+        best = record.best_reached(trials)
+        running = sum(t.state.name == "RUNNING" for t in trials)
+        line = (f"  {summary.study_name}: {len(trials)} trial(s), "
+                f"{len(record.reached(trials))} reached"
+                + (f", {running} running" if running else "")
+                + (f", best TTA {best.value:.2f} s (trial {best.number})" if best else ""))
+        halted = study.user_attrs.get(record.STUDY_STOP)
+        echo(line + (", stopped" if isinstance(halted, dict) else ""))
+    if summaries:
+        echo("details: autotune status STUDY" + ("" if storage == DEFAULT_STORAGE
+                                                  else f" --storage {redact(storage)}"))
+    return 0
 
 
 def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> int:

@@ -88,6 +88,10 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
         reached = run.data.metrics["reached_target"]
         assert reached == (1.0 if "tta_s" in run.data.metrics else 0.0)
 
+    listed = run_cli("status", "--storage", storage, cwd=tmp_path, timeout=120)  # no name
+    assert listed.returncode == 0, listed.stderr
+    assert f"1 study in {storage}:\n  quickstart: 2 trial(s), {len(reaching)} reached" \
+        in listed.stdout
     status = run_cli("status", "quickstart", "--storage", storage, cwd=tmp_path, timeout=120)
     assert status.returncode == 0, status.stderr
     assert "2 trial(s)" in status.stdout
