@@ -167,6 +167,20 @@ def test_divergence_nan_loss_or_chance_accuracy_after_a_share_of_the_schedule():
     assert decide(late_chance, [], None, RULES) == "diverged"
 
 
+def test_a_trial_that_cannot_reach_the_target_within_its_own_schedule_stops_before_any_reach():
+    # No trial has reached the target yet (no best TTA): 80% through its 20 s schedule at 0.40,
+    # rising slowly, it cannot reach 0.97 by its end, even optimistically; it would train to
+    # its end and miss.
+    flat = curve([(2, 0.30), (4, 0.32), (16, 0.40)], planned_s=20)
+    assert decide(flat, [], None, RULES) == "projection"
+    # at 0.80 the rest of its schedule (its LR decaying) may bring the 0.17 it lacks
+    rising = curve([(2, 0.30), (4, 0.50), (16, 0.80)], planned_s=20)
+    assert decide(rising, [], None, RULES) is None
+    # a table without planned lengths has no planned end: nothing to judge against
+    unplanned = Curve(flat.times, flat.values)
+    assert decide(unplanned, [], None, RULES) is None
+
+
 def test_with_two_classes_a_learning_trial_is_not_at_chance():
     # A binary task (cats and dogs, a scan positive or not): chance is 0.5, and a trial at 0.7
     # halfway through its schedule is learning. Half of chance above it (0.75) would call it

@@ -9,8 +9,11 @@ Each rule answers one question about a running trial and returns a stop reason o
 * ``bound``: its elapsed time has passed the best TTA (times a margin), or its next
   evaluation cannot come before it: it cannot win (TTA is taken at an evaluation);
 * ``projection``: even an optimistic projection of its TTA (its best accuracy so far, at the
-  steepest pace it has shown) is later than the best TTA; judged once it has shown a pace:
-  two evaluations at different elapsed times (two at the same second say nothing of it);
+  steepest pace it has shown, or its planned end where the rest of the schedule may bring
+  the gap) is later than the best TTA, or later than its own planned end (it cannot reach
+  the target within its schedule, whether or not any trial has reached it yet); judged once
+  it has shown a pace: two evaluations at different elapsed times (two at the same second
+  say nothing of it);
 * ``rung``: at wall-clock rungs (``min_rung_s`` x eta^k seconds) it is in the bottom
   1 - 1/eta of the trials that got there, compared at equal elapsed time, as ASHA does
   asynchronously, unless its projection says it can still win (a long schedule that is behind
@@ -238,7 +241,11 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
                                  or next_evaluation(curve, rules) > deadline):
         return "bound"
     projected = optimistic_tta(curve, rules)
-    if deadline is not None and projected > deadline and len(set(curve.times)) >= 2:
+    # No TTA comes after a schedule's end: its planned end bounds it as the best TTA does, so
+    # a trial that cannot reach the target within its own schedule stops before any trial
+    # has reached it too.
+    horizon = min(math.inf if deadline is None else deadline, curve.planned_end())
+    if projected > horizon and len(set(curve.times)) >= 2:
         return "projection"
     leaders = _rung_leaders(curve, others, rules)
     if leaders is not None:
