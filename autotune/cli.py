@@ -161,6 +161,18 @@ def _add_db_upgrade(sub: Any) -> None:
     p.set_defaults(func=_db_upgrade)
 
 
+def _study_in_storage(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    """A command's study name and ``--storage`` (SQLite in the working directory by default);
+    ``optional``: the name may be left out."""
+    if optional:
+        p.add_argument("study", nargs="?", default=None,
+                       help="study name (none: every study in the storage, a line each)")
+    else:
+        p.add_argument("study", help="study name")
+    p.add_argument("--storage", default="sqlite:///autotune.db",
+                   help="Optuna storage URL (default sqlite:///autotune.db)")
+
+
 def _status(args: argparse.Namespace) -> int:
     from .config import validate_storage_url
     from .status import list_studies, show
@@ -174,10 +186,7 @@ def _status(args: argparse.Namespace) -> int:
 def _add_status(sub: Any) -> None:
     p = sub.add_parser("status", help="show a study's trials, workers and best TTA (no study: "
                                       "list the studies)")
-    p.add_argument("study", nargs="?", default=None,
-                   help="study name (none: every study in the storage, a line each)")
-    p.add_argument("--storage", default="sqlite:///autotune.db",
-                   help="Optuna storage URL (default sqlite:///autotune.db)")
+    _study_in_storage(p, optional=True)
     p.set_defaults(func=_status)
 
 
@@ -195,9 +204,7 @@ def _add_stop_study(sub: Any) -> None:
                                    "new trial; running trials train to their end (or, with "
                                    "--now, save a checkpoint and stop, queued to resume). "
                                    "`autotune start study` with the study's file resumes it.")
-    p.add_argument("study", help="study name")
-    p.add_argument("--storage", default="sqlite:///autotune.db",
-                   help="Optuna storage URL (default sqlite:///autotune.db)")
+    _study_in_storage(p)
     p.add_argument("--now", action="store_true",
                    help="running trials save a checkpoint and stop instead of finishing")
     p.set_defaults(func=_stop_study)
@@ -222,9 +229,7 @@ def _add_export_curves(sub: Any) -> None:
                                    "format, which `benchmarks/search_efficiency.py compare "
                                    "--table opda:FILE` replays. Trials a pruner stopped are "
                                    "left out (their curves end early) unless --all.")
-    p.add_argument("study", help="study name")
-    p.add_argument("--storage", default="sqlite:///autotune.db",
-                   help="Optuna storage URL (default sqlite:///autotune.db)")
+    _study_in_storage(p)
     p.add_argument("--out", help="the .jsonl file to write (default: print the lines)")
     p.add_argument("--all", action="store_true",
                    help="write the trials a pruner stopped too (bound, projection, rung, "
