@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from ._services import autotune
@@ -32,6 +33,7 @@ def _wait_for_running(storage: str, finished: int = 0, timeout_s: float = 240) -
     raise AssertionError(f"no trial was running after {finished} ended")
 
 
+@pytest.mark.slow     # the default suite stops a local worker (--now, below): the same request
 def test_a_stop_reaches_a_worker_on_another_terminal_which_finishes_its_trial(tmp_path):
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
     waiting = autotune("start", "study", "quickstart", "--workers", "0", "--n-trials", "30",
@@ -85,7 +87,7 @@ def test_a_stop_reaches_a_worker_on_another_terminal_which_finishes_its_trial(tm
 def test_stop_now_checkpoints_the_running_trial_and_start_study_resumes_it(tmp_path):
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
     study = autotune("start", "study", "quickstart", "--n-trials", "30",
-                     "--max-trial-seconds", "20", cwd=tmp_path)
+                     "--max-trial-seconds", "12", cwd=tmp_path)
     try:
         _wait_for_running(storage)
         stop = run_cli("stop", "study", "quickstart", "--storage", storage, "--now",
@@ -108,7 +110,7 @@ def test_stop_now_checkpoints_the_running_trial_and_start_study_resumes_it(tmp_p
     finished = len([t for t in trials if t.state.is_finished()
                     and t.user_attrs.get("stop_reason") != "interrupted"])
     resumed = run_cli("start", "study", "quickstart", "--n-trials", str(finished + 1),
-                      "--max-trial-seconds", "20", cwd=tmp_path, timeout=300)
+                      "--max-trial-seconds", "12", cwd=tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "was stopped by `autotune stop study`" in resumed.stdout
     assert "resuming it" in resumed.stdout
