@@ -169,8 +169,10 @@ def _study_in_storage(p: argparse.ArgumentParser, optional: bool = False) -> Non
                        help="study name (none: every study in the storage, a line each)")
     else:
         p.add_argument("study", help="study name")
-    p.add_argument("--storage", default="sqlite:///autotune.db",
-                   help="Optuna storage URL (default sqlite:///autotune.db)")
+    from .config import DEFAULT_STORAGE
+
+    p.add_argument("--storage", default=DEFAULT_STORAGE,
+                   help=f"Optuna storage URL (default {DEFAULT_STORAGE})")
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import yaml
 from .errors import ConfigError
 
 __all__ = ["StudyConfig", "Target", "Budget", "TrainerConfig", "load", "shipped_studies",
-           "resolve_tracking_uri", "default_space"]
+           "resolve_tracking_uri", "default_space", "DEFAULT_STORAGE"]
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a metric or parameter of the user's own
 
@@ -37,6 +37,9 @@ class Budget:
     n_trials: int | None = 12        # finished trials the study should hold; None: no limit
     timeout_s: float | None = None   # seconds for this run of the study; None: no limit
     max_trial_s: float = 60.0        # training seconds after which a trial is stopped
+
+
+DEFAULT_STORAGE = "sqlite:///autotune.db"   # one machine's study store, in the working folder
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ class StudyConfig:
                                             # remote `autotune worker`s join the study
     ranks_per_trial: int = 2                # DeepSpeed ranks of each trial
     device: str = "cpu"                     # cpu | cuda
-    storage: str = "sqlite:///autotune.db"  # Optuna storage URL
+    storage: str = DEFAULT_STORAGE          # Optuna storage URL
     tracking_uri: str = "mlruns"            # MLflow tracking URI, or a local store directory
     run_dir: str = "autotune-runs"          # each trial's plan, command and log go here
     seed: int = 0

@@ -11,12 +11,11 @@ import optuna
 from . import record
 from ._channel import is_server_url
 from ._console import model_note, short
-from .config import database_url, redact
+from .config import DEFAULT_STORAGE, database_url, redact
 from .decisions import elapsed_of
 from .stopping import describe, stop_requested
 
 __all__ = ["list_studies", "show"]
-DEFAULT_STORAGE = "sqlite:///autotune.db"
 
 
 def _workers(url: str, study: str) -> list[dict[str, Any]]:
@@ -64,8 +63,7 @@ def list_studies(storage: str, echo: Callable[[str], None] = print) -> int:
                 f"{len(record.reached(trials))} reached"
                 + (f", {running} running" if running else "")
                 + (f", best TTA {best.value:.2f} s (trial {best.number})" if best else ""))
-        halted = study.user_attrs.get(record.STUDY_STOP)
-        echo(line + (", stopped" if isinstance(halted, dict) else ""))
+        echo(line + (", stopped" if stop_requested(study) is not None else ""))
     if summaries:
         echo("details: autotune status STUDY" + ("" if storage == DEFAULT_STORAGE
                                                   else f" --storage {redact(storage)}"))

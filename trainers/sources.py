@@ -245,7 +245,6 @@ class ImageFolderSource(Source):
         self.train, self.val = _Folder(layout.train, layout.classes), _Folder(layout.val,
                                                                             layout.classes)
         self.num_classes = len(layout.classes)
-        self.classes = list(layout.classes)     # label i is the folder classes[i]
         self.train_len, self.val_len = len(self.train), len(self.val)
         self.workers = int(spec.get("loader_workers", min(4, os.cpu_count() or 1)))
         self.pin = on_gpu
@@ -256,7 +255,7 @@ class ImageFolderSource(Source):
         self.unreadable_reads = 0
 
     def class_names(self) -> list[str]:
-        return list(self.classes)
+        return list(self.train.classes)     # label i is the folder classes[i]
 
     def _loader(self, part: str, dataset: Any, transform: Callable[[int], Any], key: Any,
                 indices: Sequence[int], batch: int, size: int,
