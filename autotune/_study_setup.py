@@ -1,5 +1,6 @@
 """Everything ``start study`` checks and settles before a study store is touched: paths made
-absolute, this machine's folders and ranks, the data counted (``DataInfo``), the search space
+absolute, this machine's folders and ranks, the data counted (``DataInfo``) and an ImageFolder
+tree's images decoded (all, or a sample of a large tree), the search space
 loaded and checked with its warm starts resolved; and, on a resume, the stored config
 compared with this one."""
 
@@ -61,7 +62,22 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     if cfg.workers >= 1:
         check_ranks(cfg.device, cfg.ranks_per_trial, cfg.workers, cfg.oversubscribe,
                     "oversubscribe: true (or --oversubscribe)")
-    return checked_space(cfg)
+    checked = checked_space(cfg)
+    _check_images(checked[0])
+    return checked
+
+
+def _check_images(cfg: StudyConfig) -> None:
+    """Refuses an ImageFolder tree with more unreadable files than a trainer skips
+    (``trainers.sources.check_images``: every image of a tree of up to 1,000, else 1,000
+    drawn), before any trial starts, instead of failing trials one by one."""
+    if cfg.trainer.data.get("kind") != "imagefolder":
+        return
+    from trainers.sources import check_images
+
+    check = check_images(cfg.trainer.data)
+    if check.too_many:
+        raise ConfigError(f"{cfg.source}: trainer.data: {check.error()}")
 
 
 def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:

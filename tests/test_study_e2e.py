@@ -192,7 +192,7 @@ def test_a_study_on_an_imagefolder_tree_runs_without_a_line_of_code(tmp_path):
     assert f"unreadable image {val / '0.JPEG'} " in log and "._2.JPEG" not in log
 
 
-def test_a_study_whose_every_trial_fails_alike_stops_after_three_and_says_why(tmp_path):
+def test_a_tree_that_is_mostly_not_images_is_refused_before_any_trial(tmp_path):
     # A tree where a whole class is web pages saved as .JPEG: no configuration can train on it.
     _tinted_tree(tmp_path / "my_images", classes=3, per_class=40, val=8)
     for image in (tmp_path / "my_images" / "train" / "class_2").iterdir():
@@ -206,10 +206,33 @@ def test_a_study_whose_every_trial_fails_alike_stops_after_three_and_says_why(tm
     result = run_cli("start", "study", "study.yaml", cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     error = result.stderr.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(
+        f"autotune: error: study.yaml: trainer.data: ImageFolder {tmp_path / 'my_images'}: 40 "
+        "of its 144 images could not be decoded (e.g. "), error
+    assert "up to 10 (1%, at least 10) are skipped" in error[0] and "repair or remove" in error[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_images", "study.yaml"]  # nothing
+
+
+def test_a_study_whose_every_trial_fails_alike_stops_after_three_and_says_why(tmp_path):
+    # A training script whose own data file is not there: no configuration can run it.
+    (tmp_path / "train.py").write_text(
+        "from trainers import api\n\n"
+        "for trial in api.trials():\n"
+        "    labels = open('labels.csv').read()\n")
+    (tmp_path / "study.yaml").write_text(
+        "study_name: broken\n"
+        "search_space: quickstart\n"
+        "trainer: {program: train.py, data: {kind: digits}}\n"
+        "target: {metric: top1, value: 0.9}\n"
+        "budget: {n_trials: 8, max_trial_s: 30}\n"
+        "warm_start: false\n")
+    result = run_cli("start", "study", "study.yaml", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    error = result.stderr.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("autotune: error: trials 0, 1, 2 all failed "
                                                    "alike (crashed: trainer exited with code 1: "
-                                                   "ValueError: ImageFolder "), error
-    assert "could not be decoded" in error[0] and "resume the study" in error[0]
+                                                   "FileNotFoundError: "), error
+    assert "labels.csv" in error[0] and "resume the study" in error[0]
     assert "3 trials (0 reached, 0 censored, 3 failed)" in result.stdout   # summarized first
     study = optuna.load_study(study_name="broken",
                               storage=f"sqlite:///{tmp_path / 'autotune.db'}")

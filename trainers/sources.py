@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,8 @@ import torch
 from trainers import data as digits
 from trainers.augment import augment_batch, eval_transform, image_transform
 
-__all__ = ["Source", "image_size_default", "image_size_of", "kept_source", "num_classes",
-           "open_source", "train_size"]
+__all__ = ["ImageCheck", "Source", "check_images", "image_size_default", "image_size_of",
+           "kept_source", "num_classes", "open_source", "train_size", "unreadable_allowed"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 # torchvision's ImageFolder extensions; hidden files (``.DS_Store``, macOS's ``._name.jpg``
@@ -157,10 +159,25 @@ class _Indices(torch.utils.data.Sampler[tuple[int, int]]):
         return len(self.indices)
 
 
-# Unreadable images: a few in a large tree are skipped (each named in the trial's log); more
-# than this share of the images read, once at least _UNREADABLE_MIN of them, fails the trial.
+# Unreadable images: up to this share of a tree's images, and up to _UNREADABLE_FEW in any tree,
+# are skipped (each named in the trial's log); more means the tree itself is wrong. A study
+# checks the tree before its first trial (``check_images``); a trainer counts what it meets.
 _UNREADABLE_SHARE = 0.01
-_UNREADABLE_MIN = 20
+_UNREADABLE_FEW = 10
+_CHECK_SAMPLE = 1000    # images a study decodes before its first trial (all of a smaller tree)
+_Z99 = 2.33             # one-sided 99%: a sample's count is refused only past its noise
+
+
+def unreadable_allowed(images: int) -> int:
+    """How many unreadable files a tree of ``images`` images may hold and still be trained on:
+    1% of them, and at least 10 (a small tree's few bad downloads)."""
+    return max(_UNREADABLE_FEW, math.floor(_UNREADABLE_SHARE * images))
+
+
+def _decode_error(e: BaseException) -> str:
+    """A decoder's error in one short line (PIL repeats the file's path in some)."""
+    said = re.sub(r" <_io\.\w+ name=.*?>", "", str(e))
+    return " ".join(f"{type(e).__name__}: {said}".split())[:200]
 _NEIGHBOURS = 8     # images on each side of an unreadable training image tried in its place
 
 
@@ -194,8 +211,7 @@ class _Sized(torch.utils.data.Dataset[Batch]):
         try:
             return prepare(self._decode(index, size)), label, None
         except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
-            said = re.sub(r" <_io\.\w+ name=.*?>", "", str(e))   # PIL repeats the path
-            problem = (path, " ".join(f"{type(e).__name__}: {said}".split())[:200])
+            problem = (path, _decode_error(e))
         if self.replace:
             samples = self.folder.samples
             for step in (d for k in range(1, _NEIGHBOURS + 1) for d in (k, -k)):
@@ -209,17 +225,17 @@ class _Sized(torch.utils.data.Dataset[Batch]):
         return None, label, problem
 
 
-def _collate(items: list[Any]) -> tuple[Any, Any, list[tuple[str, str]], int]:
+def _collate(items: list[Any]) -> tuple[Any, Any, list[tuple[str, str]]]:
     """A batch of ``_Sized`` items: (images, labels) of the readable ones (None, None if
-    none is), the problems met, and how many items were asked for."""
+    none is), and the problems met."""
     from torch.utils.data import default_collate
 
     problems = [p for _, _, p in items if p is not None]
     kept = [(x, y) for x, y, _ in items if x is not None]
     if not kept:
-        return None, None, problems, len(items)
+        return None, None, problems
     x, y = default_collate(kept)
-    return x, y, problems, len(items)
+    return x, y, problems
 
 
 class ImageFolderSource(Source):
@@ -250,9 +266,7 @@ class ImageFolderSource(Source):
         self.pin = on_gpu
         self._loaders: dict[str, tuple[Any, Any, _Indices]] = {}  # train, val: key, loader
         self.root = root
-        self.reads = 0                        # images this rank asked its loaders for
         self.unreadable: dict[str, str] = {}  # path -> the decoder's error, each named once
-        self.unreadable_reads = 0
 
     def class_names(self) -> list[str]:
         return list(self.train.classes)     # label i is the folder classes[i]
@@ -278,17 +292,15 @@ class ImageFolderSource(Source):
             held = self._loaders[part] = (key, loader, sampler)
         _, loader, sampler = held
         sampler.indices = [(int(i), size) for i in indices]
-        for x, y, problems, asked in loader:
-            self._count(part, problems, asked, whole=x is None)
+        for x, y, problems in loader:
+            self._count(part, problems, whole=x is None)
             if x is not None:
                 yield x, y
 
-    def _count(self, part: str, problems: list[tuple[str, str]], asked: int,
-               whole: bool) -> None:
-        """Counts a batch's reads and unreadable images; names each unreadable file once on
-        stderr (the trial's log); raises once they are more than a few."""
-        self.reads += asked
-        self.unreadable_reads += len(problems)
+    def _count(self, part: str, problems: list[tuple[str, str]], whole: bool) -> None:
+        """Counts a batch's unreadable images; names each unreadable file once on stderr (the
+        trial's log); raises once they are more than ``unreadable_allowed`` of the tree, or
+        none of a training batch could be read."""
         for path, error in problems:
             if path not in self.unreadable:
                 self.unreadable[path] = error
@@ -296,15 +308,18 @@ class ImageFolderSource(Source):
                         else "left out of the evaluation")
                 print(f"autotune: unreadable image {path} ({error}); {kept}. Repair or "
                       "remove it", file=sys.stderr, flush=True)
-        many = (self.unreadable_reads >= _UNREADABLE_MIN
-                and self.unreadable_reads > _UNREADABLE_SHARE * self.reads)
+        # Judged on distinct files against the whole tree, not on reads: every trial on one
+        # tree decides alike, however long it trains.
+        images = self.train_len + self.val_len
+        many = len(self.unreadable) > unreadable_allowed(images)
         if many or (whole and part == "train"):
             path, error = next(iter(self.unreadable.items()))
             raise ValueError(
-                f"ImageFolder {self.root}: {self.unreadable_reads} of the {self.reads} images "
-                f"read so far could not be decoded ({len(self.unreadable)} files, e.g. {path}: "
-                f"{error}); up to {_UNREADABLE_SHARE:.0%} are skipped, more means the tree "
-                "itself is wrong: repair or remove those files (each is named in this log)")
+                f"ImageFolder {self.root}: {len(self.unreadable)} of its {images} images could "
+                f"not be decoded so far (e.g. {path}: {error}); up to "
+                f"{unreadable_allowed(images)} (1%, at least {_UNREADABLE_FEW}) are skipped, "
+                "more means the tree itself is wrong: repair or remove those files (each is "
+                "named in this log)")
 
     def _load_train(self, indices: torch.Tensor, micro: int, augment: str,
                     size: int | None) -> Iterator[Batch]:
@@ -507,6 +522,60 @@ def read_layout(spec: dict[str, Any]) -> Layout:
         for p in files:
             (val if p in held else train).append((p, i))
     return Layout(classes, train, val)
+
+
+@dataclass(frozen=True)
+class ImageCheck:
+    """What ``check_images`` found: ``checked`` of the tree's ``images`` decoded, and the
+    ``unreadable`` ones among them as (path, error)."""
+
+    root: str
+    images: int
+    checked: int
+    unreadable: tuple[tuple[str, str], ...]
+
+    @property
+    def too_many(self) -> bool:
+        """More unreadable files than ``unreadable_allowed``: for a whole tree, counted; for a
+        sample, when even the low end of its count's noise (one-sided 99%) is past the share
+        allowed, so a tree near the limit is left to the trainers' own count."""
+        found, allowed = len(self.unreadable), unreadable_allowed(self.images)
+        if self.checked >= self.images:
+            return found > allowed
+        return found - _Z99 * math.sqrt(found) > allowed * self.checked / self.images
+
+    def error(self) -> str:
+        """The one-line refusal, naming a few of the files."""
+        shown = "; ".join(f"{p}: {e}" for p, e in self.unreadable[:3])
+        whole = self.checked >= self.images
+        found = (f"{len(self.unreadable)} of its {self.images} images" if whole else
+                 f"{len(self.unreadable)} of {self.checked} images drawn from its "
+                 f"{self.images}")
+        return (f"ImageFolder {self.root}: {found} could not be decoded (e.g. {shown}); up to "
+                f"{unreadable_allowed(self.images)} (1%, at least {_UNREADABLE_FEW}) are "
+                "skipped, more means the tree itself is wrong (web pages or text saved under "
+                "image names, cut-off downloads): repair or remove those files, then start "
+                "the study again")
+
+
+def check_images(spec: dict[str, Any], sample: int = _CHECK_SAMPLE, seed: int = 0
+                 ) -> ImageCheck:
+    """Decodes the ImageFolder tree ``spec`` names as a trainer will (every image of a tree of
+    up to ``sample``, else ``sample`` drawn with ``seed``, the same each time), so a study
+    refuses a tree that is mostly not images before its first trial instead of failing trials
+    one by one. JPEGs decode at the training size's scale (``open_image``): no slower than a
+    trainer reads them."""
+    layout = read_layout(spec)
+    paths = [p for p, _ in (*layout.train, *layout.val)]
+    chosen = paths if len(paths) <= sample else random.Random(seed).sample(paths, sample)
+    least = image_size_of(spec)
+    bad = []
+    for path in chosen:
+        try:
+            open_image(path, least)
+        except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
+            bad.append((path, _decode_error(e)))
+    return ImageCheck(str(spec.get("path", "")), len(paths), len(chosen), tuple(bad))
 
 
 def train_size(spec: dict[str, Any]) -> int:
