@@ -330,3 +330,19 @@ def test_kaggle_layouts_valid_folders_and_a_train_folder_alone_are_read(tmp_path
     split = read_layout({"kind": "imagefolder", "path": str(alone), "val_split": 0.2})
     assert (len(split.train), len(split.val)) == (16, 4)   # 2 of each class's 10 held out
     assert all("/train/" in p for p, _ in split.val)
+
+
+def test_linked_folders_are_followed_once_and_a_loop_back_up_is_not(tmp_path):
+    root = make_tree(tmp_path / "tree", train=6, val=2, size=16)
+    plain = train_size({"kind": "imagefolder", "path": str(root)})
+    extra = make_tree(tmp_path / "more", classes=1, train=4, val=0, size=16)
+    cat = root / "train" / "n00000000"
+    (cat / "more").symlink_to(extra / "train" / "n00000000")   # a subset built of links
+    (cat / "again").symlink_to(extra / "train" / "n00000000")  # ... linked twice: read once
+    (cat / "loop").symlink_to(root / "train")                  # back up: every class again
+    (cat / "self").symlink_to(cat)
+    spec = {"kind": "imagefolder", "path": str(root), "image_size": 16, "loader_workers": 0}
+    assert train_size(spec) == plain + 4
+    source = open_source(spec, on_gpu=False)
+    labels = [label for _, label in source.train.samples]
+    assert labels.count(0) == 10 and labels.count(1) == labels.count(2) == 6

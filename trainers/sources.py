@@ -408,9 +408,22 @@ def _class_folders(folder: Path) -> list[str]:
 
 
 def _images(folder: Path) -> list[str]:
-    """The images under ``folder``, in the order torchvision's ImageFolder lists them."""
-    return [os.path.join(top, name)
-            for top, _, files in sorted(os.walk(folder, followlinks=True))
+    """The images under ``folder``, in the order torchvision's ImageFolder lists them
+    (symbolic links followed), each folder read once: a link back to the folder or one above
+    it (a loop, which would list the tree's other classes under this one, dozens of times
+    over) or a second link to a folder already read is not followed."""
+    seen = {os.path.realpath(folder)}
+    walked = []
+    for top, dirs, files in os.walk(folder, followlinks=True):
+        kept = []
+        for name in dirs:
+            real = os.path.realpath(os.path.join(top, name))
+            if real not in seen and not os.path.realpath(folder).startswith(real + os.sep):
+                seen.add(real)
+                kept.append(name)
+        dirs[:] = kept
+        walked.append((top, files))
+    return [os.path.join(top, name) for top, files in sorted(walked)
             for name in sorted(files) if _is_image(name)]
 
 
