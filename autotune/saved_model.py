@@ -15,11 +15,17 @@ from typing import Any
 
 from .errors import AutotuneError
 
-__all__ = ["ModelFileError", "SavedModel", "load_model"]
+__all__ = ["ImageFileError", "ModelFileError", "SavedModel", "load_model"]
+
+PREDICT_BATCH = 64    # images prepared and predicted at a time
 
 
 class ModelFileError(AutotuneError):
     """A file that is not a model autotune saved, or one it cannot rebuild."""
+
+
+class ImageFileError(AutotuneError):
+    """An image given to ``SavedModel.predict`` that is not there or cannot be decoded."""
 
 
 @dataclass
@@ -38,21 +44,48 @@ class SavedModel:
 
     def predict(self, images: Any) -> list[str]:
         """The class name predicted for each of ``images``: image files (paths), PIL images,
-        or a batch tensor already prepared as ``transform`` prepares one."""
+        or a batch tensor already prepared as ``transform`` prepares one (one path or image
+        alone: a list of one). Files are opened as the trainer opens them and predicted
+        ``PREDICT_BATCH`` at a time; one that is missing or cannot be decoded raises
+        ``ImageFileError`` naming it."""
         import torch
 
-        from trainers.sources import as_rgb, open_image
+        if isinstance(images, torch.Tensor):
+            return self._labels(images if images.dim() == 4 else images.unsqueeze(0))
+        if isinstance(images, str | Path) or hasattr(images, "convert"):
+            images = [images]
+        images = list(images)
+        if images and self.transform is None:
+            raise ModelFileError(f"this model trained on {self.info['data'].get('kind')} "
+                                 "data, which has no image preparation; pass a tensor")
+        names: list[str] = []
+        for start in range(0, len(images), PREDICT_BATCH):
+            chunk = images[start:start + PREDICT_BATCH]
+            names += self._labels(torch.stack([self.transform(_rgb(i)) for i in chunk]))
+        return names
 
-        if not isinstance(images, torch.Tensor):
-            if self.transform is None:
-                raise ModelFileError(f"this model trained on {self.info['data'].get('kind')} "
-                                     "data, which has no image preparation; pass a tensor")
-            images = torch.stack([self.transform(
-                open_image(str(image)) if isinstance(image, str | Path) else as_rgb(image))
-                for image in images])
+    def _labels(self, batch: Any) -> list[str]:
+        import torch
+
         with torch.no_grad():
-            labels = self.module(images).argmax(dim=1).tolist()
+            labels = self.module(batch).argmax(dim=1).tolist()
         return [self.classes[i] for i in labels]
+
+
+def _rgb(image: Any) -> Any:
+    """An image file (path) or PIL image in RGB, as the trainer reads it."""
+    from trainers.sources import _decode_error, as_rgb, open_image
+
+    if not isinstance(image, str | Path):
+        return as_rgb(image)
+    if not Path(image).is_file():
+        what = "is a folder" if Path(image).is_dir() else "is not there"
+        raise ImageFileError(f"{image} {what}; give the path of an image file")
+    try:
+        return open_image(str(image))
+    except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
+        raise ImageFileError(f"{image} cannot be decoded as an image ({_decode_error(e)}); "
+                             "give a .jpg, .png or another image file PIL reads") from None
 
 
 def load_model(path: str | Path) -> SavedModel:

@@ -3,6 +3,8 @@ back without DeepSpeed (``autotune.load_model``), and the slower trials' models 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from optuna.distributions import FloatDistribution
@@ -12,7 +14,7 @@ from PIL import Image
 import autotune
 from autotune import record
 from autotune.plan import Hardware, resolve
-from autotune.saved_model import ModelFileError
+from autotune.saved_model import ImageFileError, ModelFileError
 
 from ._drive import drive, make_plan
 
@@ -65,6 +67,13 @@ def test_a_trial_that_reaches_its_target_saves_the_model_it_evaluated(tmp_path):
     top1 = sum(p == t for p, t in zip(predicted, truth, strict=True)) / len(truth)
     assert evaluated["top1"] == pytest.approx(top1, abs=1e-9)
     assert saved.predict([Image.open(p) for p in paths[:4]]) == predicted[:4]  # PIL images too
+    assert saved.predict(paths[5]) == predicted[5:6] == saved.predict(Image.open(paths[5]))
+    assert saved.predict([]) == []
+    (tmp_path / "cut.png").write_bytes(paths[0].read_bytes()[:60])
+    for path, says in ((tmp_path / "cut.png", "cannot be decoded as an image ("),
+                       (tmp_path / "gone.png", "is not there"), (tmp_path, "is a folder")):
+        with pytest.raises(ImageFileError, match=f"^{re.escape(str(path))} {re.escape(says)}"):
+            saved.predict([paths[1], path])
     # the same loss to the last digits: the same weights, BatchNorm statistics and preparation
     batch = torch.stack([saved.transform(Image.open(p).convert("RGB")) for p in paths])
     labels = torch.tensor([saved.classes.index(t) for t in truth])
