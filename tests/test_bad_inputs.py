@@ -60,7 +60,13 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "imagefolder path not text": ("trainer: {data: {kind: imagefolder, path: 5}}\n",
                                   "must name the ImageFolder root"),
     "imagefolder missing": ("trainer: {data: {kind: imagefolder, path: /nonexistent}}\n",
-                            "/nonexistent is not a folder"),
+                            "/nonexistent does not exist"),
+    "imagefolder a file": ("trainer: {data: {kind: imagefolder, path: afile}}\n",
+                           "afile is not a folder; give the root of a tree of class folders"),
+    "imagefolder an archive": (
+        "trainer: {data: {kind: imagefolder, path: ILSVRC2012_img_val.tar}}\n",
+        "ILSVRC2012_img_val.tar is a .tar archive, not a folder: extract it (tar xf "
+        "ILSVRC2012_img_val.tar) and give the folder it makes"),
     "imagefolder negative workers": (
         "trainer: {data: {kind: imagefolder, path: imgs, loader_workers: -1}}\n",
         "loader_workers must be a whole number from 0 to 64"),
@@ -236,6 +242,7 @@ def _lay_out(folder: Path) -> None:
     for name, text in SPACES.items():
         (folder / name).write_text(text)
     (folder / "afile").write_text("not a folder")
+    (folder / "ILSVRC2012_img_val.tar").write_bytes(b"ustar")
     _images(folder / "imgs", {"a": 2, "b": 2}, {"a": 1, "b": 1})
     (folder / "noclass" / "train").mkdir(parents=True)
     (folder / "noclass" / "val").mkdir()

@@ -62,7 +62,7 @@ def test_a_resumed_epoch_skips_what_it_already_trained():
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ({"kind": "imagefolder", "path": "/nonexistent"}, "/nonexistent is not a folder"),
+    ({"kind": "imagefolder", "path": "/nonexistent"}, "/nonexistent does not exist"),
     ({"kind": "parquet"}, "unknown data kind 'parquet'"),
 ])
 def test_bad_data_specs_say_what_is_expected(spec, message):

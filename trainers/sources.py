@@ -442,6 +442,8 @@ def _allowed() -> str:
     return ", ".join(sorted(_EXTENSIONS))
 
 
+# Archives a data set comes as (ImageNet's ILSVRC2012_img_train.tar, Kaggle's .zip).
+_ARCHIVES = (".tar.gz", ".tar.xz", ".tar.bz2", ".tgz", ".tar", ".zip")
 # What a validation folder is called: ImageNet's val/, and the Kaggle and Roboflow names.
 _VAL_NAMES = ("val", "valid", "validation")
 
@@ -465,7 +467,15 @@ def read_layout(spec: dict[str, Any]) -> Layout:
     root = Path(str(spec.get("path", "")))
     share = spec.get("val_split")
     if not root.is_dir():
-        raise ValueError(f"ImageFolder {root} is not a folder; give the root of a tree of class "
+        name = root.name.lower()
+        archive = next((a for a in _ARCHIVES if name.endswith(a)), None)
+        if archive is not None and root.is_file():
+            raise ValueError(f"ImageFolder {root} is a {archive} archive, not a folder: extract "
+                             f"it ({'unzip' if archive == '.zip' else 'tar xf'} {root.name}) and "
+                             "give the folder it makes, whose train/ and val/ hold the class "
+                             "folders")
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise ValueError(f"ImageFolder {root} {what}; give the root of a tree of class "
                          f"folders ({root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG)")
     val_dir = _val_folder(root)
     has_train = (root / "train").is_dir()
