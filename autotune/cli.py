@@ -266,7 +266,7 @@ def _worker(args: argparse.Namespace) -> int:
                           "ranks_per_trial decides")
     return run_worker(storage, args.study, hostfile=hostfile,
                       ranks_per_node=args.ranks_per_node, oversubscribe=args.oversubscribe,
-                      allow_programs=tuple(args.allow_program or ()))
+                      allow_programs=tuple(args.allow_program or ()), data_path=args.data)
 
 
 def _add_worker(sub: Any) -> None:
@@ -278,6 +278,9 @@ def _add_worker(sub: Any) -> None:
     p.add_argument("--allow-program", action="append", metavar="PATH",
                    help="run a study's own training script when it lies at PATH or under it "
                         "(repeatable; without it, only the bundled trainers run)")
+    p.add_argument("--data", metavar="PATH",
+                   help="where the study's ImageFolder tree lies on this machine (and its "
+                        "nodes), when not at the path the study was started with")
     p.add_argument("--hostfile", help="DeepSpeed hostfile: run each trial across its nodes "
                                       "(over ssh, from this machine)")
     p.add_argument("--ranks-per-node", type=int, help="ranks on each node of the hostfile "

@@ -7,6 +7,7 @@ server's ``autotune://HOST:PORT``) and the study's name.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
@@ -65,16 +66,46 @@ def _load(storage: Any, study_name: str, echo: Callable[[str], None] = print
     return study, cfg, space
 
 
+def _local_data(cfg: StudyConfig, data_path: str | None) -> tuple[StudyConfig, int]:
+    """``cfg`` with its ImageFolder tree where it lies on this machine (``data_path``, else
+    where the study was started with it), and its number of training images; a one-line
+    ConfigError when it is not there, or is not the study's tree (another number of
+    classes)."""
+    from trainers.sources import num_classes, train_size
+
+    data = dict(cfg.trainer.data)
+    kind = str(data.get("kind", "digits"))
+    started_at = data.get("path")
+    if data_path is not None:
+        if kind != "imagefolder":
+            raise ConfigError(f"--data is for a study on an ImageFolder tree; study "
+                              f"{cfg.study_name!r} trains on {kind} data, which its trainers "
+                              "make themselves: leave --data out")
+        data["path"] = str(Path(data_path).expanduser().resolve())
+    try:
+        size, classes = train_size(data), num_classes(data)
+    except ValueError as e:
+        hint = ("; if the tree lies elsewhere on this machine, give its path with --data PATH"
+                if kind == "imagefolder" and data_path is None else "")
+        raise ConfigError(f"study {cfg.study_name!r}: its data on this machine: {e}{hint}"
+                          ) from None
+    if kind == "imagefolder" and classes != cfg.trainer.num_classes:
+        raise ConfigError(f"{data['path']} holds {classes} classes, but study "
+                          f"{cfg.study_name!r} was started on a tree of "
+                          f"{cfg.trainer.num_classes} ({started_at}); give a copy of that tree")
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, data=data)), size
+
+
 def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = print,
                hostfile: Path | None = None, ranks_per_node: int | None = None,
-               oversubscribe: bool = False, allow_programs: tuple[str, ...] = ()) -> int:
+               oversubscribe: bool = False, allow_programs: tuple[str, ...] = (),
+               data_path: str | None = None) -> int:
     """Takes trials of ``study_name`` until its budget is spent or SIGTERM arrives. With a
     ``hostfile``, each trial runs across its nodes (``ranks_per_node`` ranks each, or each
     line's slots), started over ssh from this machine. A study that runs a script of its own
     is joined only when ``allow_programs`` (files or folders) holds it
-    (``programs.check_allowed``)."""
-    from trainers.sources import train_size
-
+    (``programs.check_allowed``). ``data_path``: where the study's ImageFolder tree lies on
+    this machine (and its nodes), when not where the study was started with it."""
     from ._process import sweep_orphaned_shm_buffers
 
     quiet_libraries()
@@ -87,6 +118,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
              "start study` resumes it")
         return 0
     check_allowed(cfg.trainer.program, cfg.trainer.program_sha256, allow_programs, study_name)
+    cfg, size = _local_data(cfg, data_path)
     check_writable(cfg.run_dir, "the study's run_dir")
     check_writable(cfg.tracking_uri, "the study's tracking_uri")
     if hostfile is None:   # this machine's ranks; a hostfile's nodes say their own slots
@@ -99,7 +131,7 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
                             else storage)
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder / f"worker-{name}",
                       {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"})
-    runner = TrialRunner(cfg, space, train_size(cfg.trainer.data), run_dir=folder,
+    runner = TrialRunner(cfg, space, size, run_dir=folder,
                          tracker=tracker, storage=storage, session=session, hostfile=hostfile,
                          ranks_per_node=ranks_per_node)
     stopping = []

@@ -1,0 +1,88 @@
+"""A worker on a machine where the study's ImageFolder tree lies elsewhere: ``--data PATH``
+names it there; without it, or with another tree, the worker refuses in one line before it
+runs anything."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+from PIL import Image
+
+from autotune import config, record
+from autotune._study_setup import prepare
+
+from .conftest import run_cli
+
+
+def _tree(root: Path, classes: int) -> None:
+    for split, n in (("train", 6), ("val", 2)):
+        for c in range(classes):
+            folder = root / split / f"class_{c}"
+            folder.mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (12, 12), (40 * c, 10 * i, 0)).save(folder / f"{i}.png")
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Path:
+    """A study on tmp_path/here/images, created as `start study` creates it, whose one trial
+    is done (a worker that joins has nothing left to run)."""
+    _tree(tmp_path / "here" / "images", classes=3)
+    (tmp_path / "study.yaml").write_text(
+        "study_name: far\n"
+        "trainer: {data: {kind: imagefolder, path: here/images, image_size: 16}}\n"
+        "target: {metric: top1, value: 0.9}\n"
+        "budget: {n_trials: 1}\n"
+        f"run_dir: {tmp_path / 'runs'}\n"
+        f"tracking_uri: {tmp_path / 'mlruns'}\n")
+    cfg, space, _ = prepare(config.load(str(tmp_path / "study.yaml")))
+    study = optuna.create_study(study_name="far", storage=f"sqlite:///{tmp_path / 's.db'}")
+    study.set_user_attr(record.STUDY_SPACE, space.to_dict())
+    study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
+    # on the worker's machine the tree is mounted elsewhere
+    shutil.move(tmp_path / "here" / "images", tmp_path / "mnt-images")
+    return tmp_path
+
+
+def _worker(folder: Path, *args: str):
+    return run_cli("worker", "--storage", f"sqlite:///{folder / 's.db'}", "--study", "far",
+                   *args, cwd=folder, timeout=300)
+
+
+def test_a_worker_finds_the_tree_where_data_says(started):
+    result = _worker(started, "--data", str(started / "mnt-images"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "joined study 'far'" in result.stdout
+    # the trials it runs read the tree there: the config its runner gets names it
+    from autotune.worker import _local_data
+
+    cfg = config.StudyConfig.from_dict(optuna.load_study(
+        study_name="far", storage=f"sqlite:///{started / 's.db'}").user_attrs[
+        record.STUDY_CONFIG])
+    local, size = _local_data(cfg, str(started / "mnt-images"))
+    assert local.trainer.data["path"] == str(started / "mnt-images") and size == 18
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "its data on this machine: ImageFolder {here} does not exist; give the root of a "
+         "tree of class folders"),
+    (("--data", "nowhere"), "its data on this machine: ImageFolder {nowhere} does not exist"),
+    (("--data", "other"), "{other} holds 2 classes, but study 'far' was started on a tree of "
+                          "3 ({here}); give a copy of that tree"),
+])
+def test_a_worker_without_the_studys_tree_refuses_in_one_line(started, args, says):
+    _tree(started / "other", classes=2)
+    result = _worker(started, *args)
+    assert result.returncode == 2, result.stdout[-2000:]
+    error = result.stderr.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("autotune: error: "), error
+    assert says.format(here=started / "here" / "images", nowhere=started / "nowhere",
+                       other=started / "other") in error[0]
+    if not args:
+        assert error[0].endswith("if the tree lies elsewhere on this machine, give its path "
+                                 "with --data PATH")
+    assert "joined" not in result.stdout and not (started / "runs").exists()
