@@ -63,6 +63,10 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
                             "/nonexistent does not exist"),
     "imagefolder a file": ("trainer: {data: {kind: imagefolder, path: afile}}\n",
                            "afile is not a folder; give the root of a tree of class folders"),
+    "imagefolder of phone photos": (
+        "trainer: {data: {kind: imagefolder, path: phone}}\n",
+        "1 class folder(s) hold no images (a); they hold 2 .heic files instead: convert the "
+        ".heic files to .jpg or .png; allowed: .bmp"),
     "imagefolder an archive": (
         "trainer: {data: {kind: imagefolder, path: ILSVRC2012_img_val.tar}}\n",
         "ILSVRC2012_img_val.tar is a .tar archive, not a folder: extract it (tar xf "
@@ -243,6 +247,9 @@ def _lay_out(folder: Path) -> None:
         (folder / name).write_text(text)
     (folder / "afile").write_text("not a folder")
     (folder / "ILSVRC2012_img_val.tar").write_bytes(b"ustar")
+    _images(folder / "phone", {"a": 0, "b": 2}, {"a": 1, "b": 1})
+    for i in range(2):
+        (folder / "phone" / "train" / "a" / f"IMG_{i}.HEIC").write_bytes(b"ftypheic")
     _images(folder / "imgs", {"a": 2, "b": 2}, {"a": 1, "b": 1})
     (folder / "noclass" / "train").mkdir(parents=True)
     (folder / "noclass" / "val").mkdir()

@@ -407,23 +407,30 @@ def _class_folders(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _images(folder: Path) -> list[str]:
-    """The images under ``folder``, in the order torchvision's ImageFolder lists them
-    (symbolic links followed), each folder read once: a link back to the folder or one above
-    it (a loop, which would list the tree's other classes under this one, dozens of times
-    over) or a second link to a folder already read is not followed."""
-    seen = {os.path.realpath(folder)}
+def _walk(folder: Path) -> list[tuple[str, list[str]]]:
+    """(folder, file names) of ``folder`` and every folder under it, symbolic links followed,
+    each folder once: a link back to the folder or one above it (a loop, which would list the
+    tree's other classes under this one, dozens of times over) or a second link to a folder
+    already read is not followed. In os.walk's order."""
+    root = os.path.realpath(folder)
+    seen = {root}
     walked = []
     for top, dirs, files in os.walk(folder, followlinks=True):
         kept = []
         for name in dirs:
             real = os.path.realpath(os.path.join(top, name))
-            if real not in seen and not os.path.realpath(folder).startswith(real + os.sep):
+            if real not in seen and not root.startswith(real + os.sep):
                 seen.add(real)
                 kept.append(name)
         dirs[:] = kept
         walked.append((top, files))
-    return [os.path.join(top, name) for top, files in sorted(walked)
+    return walked
+
+
+def _images(folder: Path) -> list[str]:
+    """The images under ``folder``, in the order torchvision's ImageFolder lists them
+    (``_walk``: linked folders followed, each once)."""
+    return [os.path.join(top, name) for top, files in sorted(_walk(folder))
             for name in sorted(files) if _is_image(name)]
 
 
@@ -440,6 +447,29 @@ def _held_out(paths: list[str], share: float) -> set[str]:
 
 def _allowed() -> str:
     return ", ".join(sorted(_EXTENSIONS))
+
+
+# Photo formats a phone or camera writes that torchvision's ImageFolder does not read.
+_CONVERT = (".heic", ".heif", ".avif", ".dng", ".cr2", ".nef", ".arw", ".jfif", ".jxl")
+
+
+def _held_instead(folder: Path, classes: list[str]) -> str:
+    """What the class folders ``classes`` under ``folder`` hold instead of images: their files'
+    most common endings, with what to do about photo formats ImageFolder does not read."""
+    counts: dict[str, int] = {}
+    for name in classes:
+        for _, files in _walk(folder / name):
+            for f in files:
+                if not f.startswith("."):
+                    ext = os.path.splitext(f)[1].lower() or "(no ending)"
+                    counts[ext] = counts.get(ext, 0) + 1
+    if not counts:
+        return ""
+    common = sorted(counts.items(), key=lambda kv: -kv[1])[:3]
+    said = ", ".join(f"{n} {ext}" for ext, n in common)
+    convert = [ext for ext, _ in common if ext in _CONVERT]
+    todo = (f": convert the {'/'.join(convert)} files to .jpg or .png" if convert else "")
+    return f"; they hold {said} files instead{todo}"
 
 
 # Archives a data set comes as (ImageNet's ILSVRC2012_img_train.tar, Kaggle's .zip).
@@ -533,8 +563,10 @@ def read_layout(spec: dict[str, Any]) -> Layout:
         empty = [c for c, files in zip(classes, lists, strict=True) if len(files) < few]
         if empty:
             what = "fewer than 2 images (one trains, one validates)" if few == 2 else "no images"
+            folder = (root / part) if part else root
             raise ValueError(f"ImageFolder {root / part}: {len(empty)} class folder(s) hold "
-                             f"{what} ({', '.join(empty[:5])}); allowed: {_allowed()}")
+                             f"{what} ({', '.join(empty[:5])}){_held_instead(folder, empty)}; "
+                             f"allowed: {_allowed()}")
     if share is None:
         return Layout(classes, *([(p, i) for i, files in enumerate(lists) for p in files]
                                  for lists in parts.values()))
