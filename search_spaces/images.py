@@ -2,7 +2,8 @@
 study, sized from the study's data and ranks.
 
 - ``global_batch``: powers of two (multiples of the ranks where those are not a power of two)
-  from 16, or the ranks, up to the largest batch that still leaves an epoch MIN_STEPS
+  from 16, or the ranks (or, for fewer than 16 training images, the largest power of two
+  within them), up to the largest batch that still leaves an epoch MIN_STEPS
   optimizer steps (so a small data set is not searched at batches that make an epoch one
   step), and at most 1,024;
 - ``lr_per_256`` (scaled linearly with the batch), warmup, decay, label smoothing;
@@ -45,6 +46,8 @@ def _batch(world_size: int, train_images: int) -> Batch:
     top = max(min(1024, train_images // MIN_STEPS), 1)
     if world_size & (world_size - 1) == 0:   # a power of two: search log2 of the batch
         low = max(16, world_size)
+        if low > train_images:               # fewer images than that: as many as fit
+            low = max(world_size, 2 ** int(math.log2(max(train_images, 1))))
         high = 2 ** int(math.log2(top))
         if high <= low:                      # a data set this small: one batch
             return Fixed("global_batch", low)

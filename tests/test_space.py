@@ -155,13 +155,15 @@ def test_shipped_space_names():
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8, 24])
-@pytest.mark.parametrize("images", [300, 1437, 10_000, 1_281_167])
+@pytest.mark.parametrize("images", [6, 12, 40, 300, 1437, 10_000, 1_281_167])
 def test_the_images_space_sizes_its_batches_from_the_data_and_the_ranks(world_size, images):
     data = DataInfo(train_images=images, num_classes=10, image_size=32)
     space = load_space("images", world_size=world_size, data=data)
     batches = space.params[0].values()
     assert all(b % world_size == 0 for b in batches)
     assert min(batches) >= min(16, world_size) or min(batches) == world_size
+    if images >= world_size:    # a tree of fewer images than 16 still trains: they fit a batch
+        assert max(batches) <= images
     # an epoch keeps at least 32 steps at the largest batch, unless the ranks forbid it
     assert max(batches) <= max(images // 32, world_size, 16)
     assert max(batches) <= 1024 or max(batches) == world_size
