@@ -166,6 +166,7 @@ _UNREADABLE_SHARE = 0.01
 _UNREADABLE_FEW = 10
 _CHECK_SAMPLE = 1000    # images a study decodes before its first trial (all of a smaller tree)
 _Z99 = 2.33             # one-sided 99%: a sample's count is refused only past its noise
+_NEIGHBOURS = 8         # images on each side of an unreadable training image tried in its place
 
 
 def unreadable_allowed(images: int) -> int:
@@ -178,7 +179,6 @@ def _decode_error(e: BaseException) -> str:
     """A decoder's error in one short line (PIL repeats the file's path in some)."""
     said = re.sub(r" <_io\.\w+ name=.*?>", "", str(e))
     return " ".join(f"{type(e).__name__}: {said}".split())[:200]
-_NEIGHBOURS = 8     # images on each side of an unreadable training image tried in its place
 
 
 class _Sized(torch.utils.data.Dataset[Batch]):
