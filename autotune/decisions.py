@@ -41,6 +41,7 @@ from trainers import protocol
 
 from . import record
 from .pruners import TimeToAccuracyPruner
+from .pruners._rules import Rules
 
 __all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "classify", "curve_row",
            "elapsed_of", "eval_reply", "eval_writes", "optuna_state", "start_reply",
@@ -136,10 +137,11 @@ def eval_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study, trial: op
 
 # -- the end of a trial -------------------------------------------------------------------------
 def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best: float,
-             evals: int, stop_reason: str) -> TrialResult:
+             evals: int, stop_reason: str, loss: float | None = None) -> TrialResult:
     """The outcome of trial ``number`` from the trainer's end report (None: it sent none and
     exited with ``code``, ``tail`` the end of its log), ``best`` its best metric, ``evals`` its
-    evaluations and ``stop_reason`` the reason the worker last gave it to stop."""
+    evaluations, ``stop_reason`` the reason the worker last gave it to stop and ``loss`` the
+    validation loss of its last evaluation (None: not reported)."""
     if end is None:
         why = "hung" if code in (-9, -15) else "crashed"
         said = ("trainer exited with code 0 without reporting its end (a script reports "
@@ -162,8 +164,14 @@ def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best
                            evals=evals, summary=end,
                            detail=f"checkpoint saved in {end.get('checkpoint')}")
     if reason == "diverged":
-        detail = ("accuracy still at chance" if stop_reason == "diverged"
-                  else "loss became NaN or infinite")
+        steps = end.get("steps")
+        after = f" after {steps} optimizer step(s)" if isinstance(steps, int) else ""
+        if stop_reason != "diverged":
+            detail = "loss became NaN or infinite"
+        elif loss is not None and loss > Rules.blowup_loss:
+            detail = f"the weights blew up: validation loss {loss:.3g} at chance{after}"
+        else:
+            detail = f"accuracy still at chance{after}"
         return TrialResult(number, {}, "failed", reason, value=float(end["elapsed_s"]),
                            best_metric=best, evals=evals, detail=detail, summary=end)
     return TrialResult(number, {}, "censored", reason, value=float(end["elapsed_s"]),

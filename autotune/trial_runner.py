@@ -319,8 +319,10 @@ class TrialRunner:
                 and time.monotonic() >= self.stop_at - 1.0):
             end = {**end, "reason": "stopped"}       # it was the study's deadline, not the best
             stop_reason = "study_timeout"
+        last = handler.curve[-1] if handler.curve else []
         result = classify(trial.number, end, code, process.cause() if end is None else "",
-                          handler.best, handler.evals, stop_reason)
+                          handler.best, handler.evals, stop_reason,
+                          loss=last[4] if len(last) > 4 else None)
         if bad is not None:
             result = TrialResult(trial.number, {}, "failed", "bad_report",
                                  best_metric=handler.best, evals=handler.evals,

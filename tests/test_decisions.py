@@ -150,6 +150,14 @@ def test_an_end_report_is_classified_by_its_reason():
     assert crashed.outcome == "failed" and "Traceback" in crashed.detail
     assert classify(1, {"reason": "diverged", "elapsed_s": 2.0}, 0, "", 0.1, 2,
                     "diverged").detail == "accuracy still at chance"
+    # a trainer says how many steps it took: a tiny data set's few steps show in the line
+    assert classify(1, {"reason": "diverged", "elapsed_s": 2.0, "steps": 3}, 0, "", 0.1, 2,
+                    "diverged").detail == "accuracy still at chance after 3 optimizer step(s)"
+    assert classify(1, {"reason": "diverged", "elapsed_s": 2.0, "steps": 3}, 0, "", 0.1, 2,
+                    "").detail == "loss became NaN or infinite"
+    assert classify(1, {"reason": "diverged", "elapsed_s": 2.0, "steps": 1}, 0, "", 0.1, 1,
+                    "diverged", loss=1.06e24).detail == \
+        "the weights blew up: validation loss 1.06e+24 at chance after 1 optimizer step(s)"
 
 
 def test_the_studys_timeout_reaches_the_trainer_as_its_deadline(tmp_path):
