@@ -74,7 +74,7 @@ class SavedModel:
 
 def _rgb(image: Any) -> Any:
     """An image file (path) or PIL image in RGB, as the trainer reads it."""
-    from trainers.sources import _decode_error, as_rgb, open_image
+    from trainers.sources import as_rgb, decode_error, open_image
 
     if not isinstance(image, str | Path):
         return as_rgb(image)
@@ -84,7 +84,7 @@ def _rgb(image: Any) -> Any:
     try:
         return open_image(str(image))
     except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
-        raise ImageFileError(f"{image} cannot be decoded as an image ({_decode_error(e)}); "
+        raise ImageFileError(f"{image} cannot be decoded as an image ({decode_error(e)}); "
                              "give a .jpg, .png or another image file PIL reads") from None
 
 

@@ -32,8 +32,9 @@ import torch
 from trainers import data as digits
 from trainers.augment import augment_batch, eval_transform, image_transform
 
-__all__ = ["ImageCheck", "Source", "check_images", "image_size_default", "image_size_of",
-           "kept_source", "num_classes", "open_source", "train_size", "unreadable_allowed"]
+__all__ = ["ImageCheck", "Source", "check_images", "decode_error", "image_size_default",
+           "image_size_of", "kept_source", "num_classes", "open_source", "train_size",
+           "unreadable_allowed"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 # torchvision's ImageFolder extensions; hidden files (``.DS_Store``, macOS's ``._name.jpg``
@@ -175,7 +176,7 @@ def unreadable_allowed(images: int) -> int:
     return max(_UNREADABLE_FEW, math.floor(_UNREADABLE_SHARE * images))
 
 
-def _decode_error(e: BaseException) -> str:
+def decode_error(e: BaseException) -> str:
     """A decoder's error in one short line (PIL repeats the file's path in some)."""
     said = re.sub(r" <_io\.\w+ name=.*?>", "", str(e))
     return " ".join(f"{type(e).__name__}: {said}".split())[:200]
@@ -211,7 +212,7 @@ class _Sized(torch.utils.data.Dataset[Batch]):
         try:
             return prepare(self._decode(index, size)), label, None
         except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
-            problem = (path, _decode_error(e))
+            problem = (path, decode_error(e))
         if self.replace:
             samples = self.folder.samples
             for step in (d for k in range(1, _NEIGHBOURS + 1) for d in (k, -k)):
@@ -563,10 +564,9 @@ def read_layout(spec: dict[str, Any]) -> Layout:
         empty = [c for c, files in zip(classes, lists, strict=True) if len(files) < few]
         if empty:
             what = "fewer than 2 images (one trains, one validates)" if few == 2 else "no images"
-            folder = (root / part) if part else root
+            instead = _held_instead(root / part, empty)
             raise ValueError(f"ImageFolder {root / part}: {len(empty)} class folder(s) hold "
-                             f"{what} ({', '.join(empty[:5])}){_held_instead(folder, empty)}; "
-                             f"allowed: {_allowed()}")
+                             f"{what} ({', '.join(empty[:5])}){instead}; allowed: {_allowed()}")
     if share is None:
         return Layout(classes, *([(p, i) for i, files in enumerate(lists) for p in files]
                                  for lists in parts.values()))
@@ -629,7 +629,7 @@ def check_images(spec: dict[str, Any], sample: int = _CHECK_SAMPLE, seed: int = 
         try:
             open_image(path, least)
         except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
-            bad.append((path, _decode_error(e)))
+            bad.append((path, decode_error(e)))
     return ImageCheck(str(spec.get("path", "")), len(paths), len(chosen), tuple(bad))
 
 
