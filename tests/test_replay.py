@@ -88,6 +88,10 @@ def test_an_opda_table_counting_epochs_from_one_is_read_as_epochs_done(tmp_path)
      "top_1 is 76.1; the target's metric is an accuracy, a share from 0 to 1"),
     ('{"epochs": 3, "learning_curve": [{"time": 9.0, "top_1": 0.1}, {"time": 8.5, "top_1": 0.2}'
      ']}\n', "times must not decrease: each is the seconds since the run began"),
+    ('{"epochs": 3, "learning_curve": [{"time": -5.0, "top_1": 0.9}]}\n',
+     "entry 1: time is -5.0; it is the seconds since the run began"),
+    ('{"epochs": 3, "learning_curve": [{"time": 0, "top_1": 0.9}]}\n',
+     "entry 1: time is 0; .* a positive number"),
     ("", "holds no runs"),
 ])
 def test_a_broken_opda_file_is_refused_with_what_is_wrong(tmp_path, content, message):

@@ -251,7 +251,12 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
         if at is None and offset == 0:
             raise TableError(f"{where}: learning_curve entry {i + 1} lacks {place}, the "
                              f"{place}s done when it was taken (the run plans {length})")
-        times.append(float(p[clock]))
+        clock_s = float(p[clock])
+        if not 0 < clock_s < math.inf:
+            raise TableError(f"{where}: learning_curve entry {i + 1}: {clock} is "
+                             f"{p[clock]!r:.40}; it is the seconds since the run began, when "
+                             "the evaluation's result was known: a positive number")
+        times.append(clock_s)
         values.append(value)
         done.append((at if at is not None else i) + offset)
         loss = p.get("train_loss", p.get("train_raw_loss"))  # NaN kept: the pruner stops it
