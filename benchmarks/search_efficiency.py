@@ -551,7 +551,7 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="train sampled configurations for real, record curves")
@@ -608,7 +608,7 @@ def main() -> None:
     lv.add_argument("--table", type=Path, default=None,
                     help="the table recorded on this machine (its goal, and the replay's "
                          "prediction)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for name in ("seeds", "n", "budget", "max_seconds", "jobs", "workers"):
         if getattr(args, name, 1) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got "
@@ -633,9 +633,11 @@ def main() -> None:
         try:
             goals = tuple(float(g) for g in args.goals.split(",") if g)
         except ValueError:
-            parser.error(f"--goals must be numbers >= 1 separated by commas, got {args.goals}")
-        if not goals or any(g < 1 for g in goals):
-            parser.error(f"--goals must be numbers >= 1 separated by commas, got {args.goals}")
+            parser.error(f"--goals must be finite numbers >= 1 separated by commas (1.5: a TTA "
+                         f"within 1.5 x the table's best), got {args.goals}")
+        if not goals or not all(1 <= g < math.inf for g in goals):
+            parser.error(f"--goals must be finite numbers >= 1 separated by commas (1.5: a TTA "
+                         f"within 1.5 x the table's best), got {args.goals}")
         compare(args.seeds, args.table, args.target, args.jobs, args.workers, methods, goals,
                 args.metric, args.num_classes)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -231,3 +232,17 @@ def test_a_target_no_run_reaches_is_refused_in_one_line_before_any_replay(tmp_pa
     with pytest.raises(SystemExit, match=r"no run of table .* reaches top1 >= 0.97; give a "
                                          "lower --target"):
         se.compare(seeds=2, spec=_table_file(tmp_path, rows), jobs=1)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--goals", "1.5,inf"], "--goals must be finite numbers >= 1"),
+    (["--goals", "0.5"], "--goals must be finite numbers >= 1"),
+    (["--seeds", "0"], "--seeds must be positive"),
+    (["--target", "1.5"], r"--target must be an accuracy in \(0, 1\]"),
+])
+def test_compare_refuses_a_bad_flag_in_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        se.main(["compare", *flags])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.search(message, err) and "Traceback" not in err, err
