@@ -405,3 +405,14 @@ def test_dehb_trains_each_job_up_to_its_fidelity(tmp_path):
     cut = [seconds for reason, _, seconds in outcome.spent if reason == "fidelity"]
     # Hyperband's first bracket gives jobs a few epochs of schedules up to 60 epochs long
     assert cut and min(cut) < max(r.elapsed for r in table.runs)
+
+
+def test_an_opda_file_given_without_its_kind_says_to_name_it(tmp_path):
+    """A bare path is read as a table `record` wrote; an opda file there is named as such."""
+    path = _opda_file(tmp_path)
+    with pytest.raises(TableError, match=r"holds opda-format runs .* give --table opda:"):
+        load_table(str(path), 0.7)
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"step": 1}\n')
+    with pytest.raises(TableError, match=r"line 1, is not a recorded autotune row .* opda:PATH"):
+        load_table(str(other))

@@ -504,8 +504,12 @@ def autotune_table(path: Path, target: float = 0.97, world_size: int = 2) -> Tab
                             if row.get("warm_ranks") else 0.0))
             points.append(params)
         except (KeyError, TypeError, ValueError, IndexError) as e:
+            if isinstance(row, dict) and ("learning_curve" in row or "learning_curves" in row):
+                raise TableError(f"{path} holds opda-format runs (learning_curve), not rows "
+                                 f"`record` wrote: give --table opda:{path}") from None
             raise TableError(f"{path}, line {number}, is not a recorded autotune row "
-                             f"({type(e).__name__}: {e})") from None
+                             f"({type(e).__name__}: {e}); an opda-format table is given as "
+                             "opda:PATH, a YAHPO one as yahpo-lcbench:INSTANCE") from None
 
     def features(p: dict[str, Any]) -> list[float]:
         return [math.log2(p["global_batch"]) / 5, math.log10(p["lr_per_256"]) / 2.3,
