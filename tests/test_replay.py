@@ -92,6 +92,8 @@ def test_an_opda_table_counting_epochs_from_one_is_read_as_epochs_done(tmp_path)
      "entry 1: time is -5.0; it is the seconds since the run began"),
     ('{"epochs": 3, "learning_curve": [{"time": 0, "top_1": 0.9}]}\n',
      "entry 1: time is 0; .* a positive number"),
+    ('{"epochs": 3, "learning_curve": [{"time": 1764900000.0, "top_1": 0.5}]}\n',
+     "entry 1 is at 1.765e.09 s .* a clock's timestamp, not the seconds since the run began"),
     ("", "holds no runs"),
 ])
 def test_a_broken_opda_file_is_refused_with_what_is_wrong(tmp_path, content, message):

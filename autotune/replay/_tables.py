@@ -189,6 +189,8 @@ _OPDA_LENGTHS = (("epochs", "epoch", 1), ("total_steps", "step", 0))
 # An evaluation's seconds since the run began: the image tables' ``time``; the language-model
 # tables' ``eval_end_time`` (its result known), else ``train_end_time``.
 _OPDA_TIMES = ("time", "eval_end_time", "train_end_time")
+# A first evaluation later than this (about 3 years of training) is a clock's timestamp.
+_TIMESTAMP_S = 1e8
 
 
 def metric_key(metric: str) -> str:
@@ -262,6 +264,10 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
         loss = p.get("train_loss", p.get("train_raw_loss"))  # NaN kept: the pruner stops it
         losses.append(float(loss) if isinstance(loss, int | float)
                       and not isinstance(loss, bool) else None)
+    if times and times[0] > _TIMESTAMP_S:
+        raise TableError(f"{where}: learning_curve entry 1 is at {times[0]:.4g} s "
+                         f"({times[0] / 3.156e7:.0f} years): a clock's timestamp, not the "
+                         "seconds since the run began; subtract each run's start time")
     if any(b < a for a, b in zip(times, times[1:], strict=False)):
         raise TableError(f"{where}: learning_curve times must not decrease: each is the "
                          "seconds since the run began (cumulative), not an epoch's own")
