@@ -215,6 +215,19 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def _shown(value: Any) -> str:
+    """A value that is not a number, as an error names it: a number written as a string
+    ("64", as a CSV converted to JSON holds it) is said to be one."""
+    if isinstance(value, str):
+        try:
+            finite = math.isfinite(float(value))
+        except ValueError:
+            finite = False
+        if finite:
+            return f"the string {value!r:.40} (write numbers without quotes)"
+    return f"{value!r:.40}"
+
+
 def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
               offset: int | None = None) -> Run:
     """One run of an opda table: ``key`` the metric's entry key, ``length`` the key of the
@@ -427,10 +440,11 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
                 continue
             value = _number(row[name])
             if name in (length, "batch_size") and (value is None or value <= 0):
-                raise TableError(f"{path}, line {number}: {name} must be a positive number")
+                raise TableError(f"{path}, line {number}: {name} must be a positive number, "
+                                 f"not {_shown(row[name])}")
             if value is None:
                 raise TableError(f"{path}, line {number}: {name} must be a number, not "
-                                 f"{row[name]!r:.40}")
+                                 f"{_shown(row[name])}")
     held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)]
     extras, notes = _opda_extras(rows, length)
     # the warm-up's end as a share of the schedule where both count epochs; a step table's
