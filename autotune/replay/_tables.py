@@ -259,7 +259,7 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
         if value is None:
             if p[key] is not None and not (isinstance(p[key], float) and math.isnan(p[key])):
                 raise TableError(f"{where}: learning_curve entry {i + 1}: {key} must be a "
-                                 f"number, null or NaN, not {p[key]!r:.40}")
+                                 f"number, null or NaN, not {_shown(p[key])}")
             broke = True
             break
         at = _number(p.get(place))
