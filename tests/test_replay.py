@@ -422,3 +422,15 @@ def test_an_opda_file_given_without_its_kind_says_to_name_it(tmp_path):
     other.write_text('{"step": 1}\n')
     with pytest.raises(TableError, match=r"line 1, is not a recorded autotune row .* opda:PATH"):
         load_table(str(other))
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
+def test_an_opda_table_saved_with_a_byte_order_mark_reads(tmp_path, encoding):
+    """Windows tools write one: Notepad's UTF-8 with a BOM, PowerShell's redirect UTF-16."""
+    plain = _opda_file(tmp_path)
+    marked = tmp_path / f"marked-{encoding}.jsonl"
+    marked.write_bytes(plain.read_text(encoding="utf-8").encode(encoding))
+    assert marked.read_bytes()[:2] != plain.read_bytes()[:2]
+    table = load_table(f"opda:{marked}", 0.7)
+    assert [r.times for r in table.runs] == [r.times for r in load_table(f"opda:{plain}",
+                                                                           0.7).runs]

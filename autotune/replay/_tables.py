@@ -16,6 +16,7 @@ planned epochs and how the run ended. Three sources:
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import statistics
@@ -134,10 +135,13 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     try:
         if path.suffix == ".gz":
             import gzip
-            with gzip.open(path, "rt", encoding="utf-8") as f:
-                text = f.read()
+            with gzip.open(path, "rb") as f:
+                data = f.read()
         else:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
+        # A byte-order mark, as Windows tools write one (PowerShell's redirect: UTF-16)
+        text = data.decode("utf-16" if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+                           else "utf-8-sig")
     except (OSError, UnicodeDecodeError, EOFError) as e:
         raise TableError(f"cannot read {path} as JSON-lines text ({e}); give a .jsonl file, "
                          "or one compressed with gzip (.jsonl.gz)") from None
