@@ -144,7 +144,8 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
         raise ConfigError(f"study file {source!r} not found; give a YAML or TOML file or a "
                           f"shipped study ({names})")
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark, as Notepad writes one, is read past (TOML refuses it)
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         reason = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else \
             (e.strerror or str(e))

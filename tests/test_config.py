@@ -37,6 +37,15 @@ def test_toml_and_yaml_give_the_same_config(tmp_path):
     assert y.target == t.target == config.Target("top5", 0.93)
 
 
+def test_a_study_file_saved_with_a_byte_order_mark_loads(tmp_path):
+    """Notepad saves UTF-8 with a BOM; TOML's parser refuses it at line 1, column 1."""
+    for name, text in (("b.toml", "[target]\nmetric = 'top5'\nvalue = 0.93\n"),
+                       ("b.yaml", "target: {metric: top5, value: 0.93}\n")):
+        path = tmp_path / name
+        path.write_bytes(text.encode("utf-8-sig"))
+        assert config.load(str(path)).target == config.Target("top5", 0.93)
+
+
 def test_the_shipped_quickstart_loads():
     cfg = config.load("quickstart")
     assert cfg.search_space == "quickstart"
