@@ -630,14 +630,14 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             parser.error(f"unknown method {unknown[0]!r}; the methods: {', '.join(METHODS)}")
         methods = tuple(dict.fromkeys(("autotune", "random", *methods)))
+        bad_goals = (f"--goals must be finite numbers >= 1 separated by commas (1.5: a TTA "
+                     f"within 1.5 x the table's best), got {args.goals}")
         try:
             goals = tuple(float(g) for g in args.goals.split(",") if g)
         except ValueError:
-            parser.error(f"--goals must be finite numbers >= 1 separated by commas (1.5: a TTA "
-                         f"within 1.5 x the table's best), got {args.goals}")
+            parser.error(bad_goals)
         if not goals or not all(1 <= g < math.inf for g in goals):
-            parser.error(f"--goals must be finite numbers >= 1 separated by commas (1.5: a TTA "
-                         f"within 1.5 x the table's best), got {args.goals}")
+            parser.error(bad_goals)
         compare(args.seeds, args.table, args.target, args.jobs, args.workers, methods, goals,
                 args.metric, args.num_classes)
 

@@ -270,8 +270,8 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
         if at is None and offset == 0:
             raise TableError(f"{where}: learning_curve entry {i + 1} lacks {place}, the "
                              f"{place}s done when it was taken (the run plans {length})")
-        clock_s = float(p[clock])
-        if not 0 < clock_s < math.inf:
+        clock_s = float(p[clock])     # finite: _number found it
+        if clock_s <= 0:
             raise TableError(f"{where}: learning_curve entry {i + 1}: {clock} is "
                              f"{p[clock]!r:.40}; it is the seconds since the run began, when "
                              "the evaluation's result was known: a positive number")
@@ -283,8 +283,8 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
                       and not isinstance(loss, bool) else None)
     if times and times[0] > _TIMESTAMP_S:
         raise TableError(f"{where}: learning_curve entry 1 is at {times[0]:.4g} s "
-                         f"({times[0] / 3.156e7:.0f} years): a clock's timestamp, not the "
-                         "seconds since the run began; subtract each run's start time")
+                         f"({times[0] / (365.25 * 86400):.0f} years): a clock's timestamp, "
+                         "not the seconds since the run began; subtract each run's start time")
     if any(b < a for a, b in zip(times, times[1:], strict=False)):
         raise TableError(f"{where}: learning_curve times must not decrease: each is the "
                          "seconds since the run began (cumulative), not an epoch's own")
