@@ -115,12 +115,11 @@ def _add_ui(sub: Any) -> None:
 
 def _require_sqlite_file(url: str) -> None:
     """db upgrade migrates a database; it does not make an SQLite file that is not there."""
-    from pathlib import Path
-
+    from .config import sqlite_file
     from .errors import ConfigError
 
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        path = Path(url.removeprefix("sqlite:///"))
+    path = sqlite_file(url)
+    if path is not None:
         if not path.is_file():
             raise ConfigError(f"no database at {path}; a study creates it with its tables "
                               "(autotune start study FILE --storage ...)")

@@ -21,7 +21,7 @@ import yaml
 from .errors import ConfigError
 
 __all__ = ["StudyConfig", "Target", "Budget", "TrainerConfig", "load", "shipped_studies",
-           "resolve_tracking_uri", "default_space", "DEFAULT_STORAGE"]
+           "resolve_tracking_uri", "default_space", "DEFAULT_STORAGE", "sqlite_file"]
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a metric or parameter of the user's own
 
@@ -265,12 +265,35 @@ def _validate(cfg: StudyConfig, flagged: set[str]) -> None:
         raise ConfigError(f"{where} {message}")
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file an ``sqlite:///PATH`` URL names, its ``~`` expanded and its ``?query``
+    (``?timeout=60``, which SQLAlchemy passes to SQLite) left off; None for any other URL
+    and for ``sqlite:///:memory:``."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return None
+    return Path(path).expanduser()
+
+
+def _expand_home(url: str) -> str:
+    """An ``sqlite:///~/...`` URL with the home folder written out, as a shell expands a
+    path (SQLite would look for a folder named ``~``)."""
+    file = sqlite_file(url)
+    if file is None or not url.startswith("sqlite:///~"):
+        return url
+    _, mark, query = url.partition("?")
+    return f"sqlite:///{file}{mark}{query}"
+
+
 def database_url(url: str) -> str:
-    """``url`` with PostgreSQL reached through psycopg2 (SQLAlchemy 2.1 would pick psycopg 3)."""
+    """``url`` as SQLAlchemy opens it: PostgreSQL reached through psycopg2 (SQLAlchemy 2.1
+    would pick psycopg 3), an SQLite path's ``~`` expanded."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql+psycopg2://" + url[len(prefix):]
-    return url
+    return _expand_home(url)
 
 
 def sqlite_wal(url: str) -> None:
@@ -281,11 +304,8 @@ def sqlite_wal(url: str) -> None:
     (the rollback journal still works there, only with more waiting)."""
     import sqlite3
 
-    db = database_url(url)
-    if not db.startswith("sqlite:///") or db == "sqlite:///:memory:":
-        return
-    path = Path(db.removeprefix("sqlite:///"))
-    if not path.is_file():
+    path = sqlite_file(url)
+    if path is None or not path.is_file():
         return
     try:
         with contextlib.closing(sqlite3.connect(path, timeout=5)) as conn:
@@ -395,6 +415,6 @@ def resolve_tracking_uri(uri: str) -> tuple[str, str | None]:
     folder inside that directory.
     """
     if re.match(r"^[a-z][a-z0-9+.-]*:", uri) and not re.match(r"^[A-Za-z]:[\\/]", uri):
-        return uri, None
+        return _expand_home(uri), None
     folder = Path(uri).expanduser().resolve()
     return f"sqlite:///{folder / 'mlflow.db'}", (folder / "artifacts").as_uri()

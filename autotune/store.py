@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 import warnings
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ._channel import STATES_KEY, Address, is_server_url, open_channel, parse_address, refused
-from .config import database_url, redact, sqlite_wal
+from .config import database_url, redact, sqlite_file, sqlite_wal
 from .errors import ConfigError
 
 __all__ = ["load_existing_study", "open_storage"]
@@ -58,15 +57,14 @@ def _require_existing(url: str) -> None:
     an SQLite file that is not there, or a database without Optuna's tables."""
     import sqlalchemy
 
-    db = database_url(url)
-    if db.startswith("sqlite:///") and db != "sqlite:///:memory:":
-        path = Path(db.removeprefix("sqlite:///"))
+    path = sqlite_file(url)
+    if path is not None:
         if not path.is_file():
             raise ConfigError(f"no study database at {path}; start a study there first "
                               "(autotune start study FILE --storage ...)")
         return
     try:
-        engine = sqlalchemy.create_engine(db)
+        engine = sqlalchemy.create_engine(database_url(url))
         try:
             has = sqlalchemy.inspect(engine).has_table("studies")
         finally:
@@ -107,9 +105,9 @@ def open_storage(url: str, create: bool = True) -> Any:
                                f"the study server at {address}")
     if not create:
         _require_existing(url)
-    db = database_url(url)
-    if db.startswith("sqlite:///") and db != "sqlite:///:memory:":
-        folder = Path(db.removeprefix("sqlite:///")).parent
+    path = sqlite_file(url)
+    if path is not None:
+        folder = path.parent
         if not folder.is_dir():
             raise ConfigError(f"cannot open storage {redact(url)!r}: no folder {folder}; "
                               "create it first, or give a path in a folder that exists")

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import record
 from ._outbox import Outbox
-from .config import resolve_tracking_uri
+from .config import resolve_tracking_uri, sqlite_file
 
 __all__ = ["Tracker", "connect", "leaderboard", "run_name", "ui_command", "STUDY_KEY", "trial_key"]
 
@@ -43,9 +43,9 @@ def connect(uri: str) -> Any:
     """
     from mlflow import MlflowClient
 
-    if not uri.startswith("sqlite:///") or uri == "sqlite:///:memory:":
+    db = sqlite_file(uri)
+    if db is None:
         return MlflowClient(tracking_uri=uri)
-    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.parent / f"{db.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)        # released when the file closes

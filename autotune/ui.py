@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from .config import resolve_tracking_uri
+from .config import resolve_tracking_uri, sqlite_file
 from .errors import ConfigError
 
 __all__ = ["experiment_url", "serve"]
@@ -58,7 +58,8 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
         exp = _experiment_id(uri, study)
         echo(experiment_url(uri, exp) if exp else uri)
         return 0
-    if uri.startswith("sqlite:///") and not _exists(uri):
+    store = sqlite_file(uri)
+    if store is not None and not store.is_file():
         raise ConfigError(f"no MLflow store at {tracking_uri}; run a study first, or give "
                           "--tracking-uri")
     exp = _experiment_id(uri, study)
@@ -88,8 +89,3 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
                 process.wait()
     return 0
 
-
-def _exists(sqlite_uri: str) -> bool:
-    from pathlib import Path
-
-    return Path(sqlite_uri.removeprefix("sqlite:///")).is_file()

@@ -199,6 +199,35 @@ def test_reading_or_joining_a_missing_study_database_creates_nothing(argv, workd
     assert list(workdir.iterdir()) == []
 
 
+def test_sqlite_urls_with_a_home_folder_or_a_query_name_the_file_they_mean(workdir, monkeypatch,
+                                                                           capsys):
+    """`sqlite:///~/studies/a.db` is the file in the home folder, as a shell reads the path
+    (SQLite would look for a folder named `~`; so for an MLflow store's URI), and
+    `?timeout=60` is SQLite's option, not part of the file's name: status and the existence
+    checks read the same file."""
+    import optuna
+
+    from autotune.config import database_url, sqlite_file
+
+    home = workdir / "home"
+    (home / "studies").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    assert sqlite_file("sqlite:///~/studies/a.db?timeout=60") == home / "studies" / "a.db"
+    assert sqlite_file("sqlite:///:memory:") is None
+    assert sqlite_file("postgresql://u@h/db") is None
+    assert database_url("sqlite:///~/studies/a.db?timeout=60") == \
+        f"sqlite:///{home}/studies/a.db?timeout=60"
+    assert database_url("sqlite:///a.db") == "sqlite:///a.db"
+    assert config.resolve_tracking_uri("sqlite:///~/ml.db") == (f"sqlite:///{home}/ml.db", None)
+    optuna.create_study(study_name="s", storage=f"sqlite:///{home}/studies/a.db")
+    for url in ("sqlite:///~/studies/a.db", "sqlite:///~/studies/a.db?timeout=60"):
+        assert main(["status", "--storage", url]) == 0
+        assert "s: 0 trial(s)" in capsys.readouterr().out
+    assert main(["status", "--storage", "sqlite:///~/nope/a.db"]) == 2
+    assert f"no study database at {home}/nope/a.db;" in capsys.readouterr().err
+    assert not (workdir / "~").exists() and not (home / "nope").exists()
+
+
 @pytest.mark.postgres
 def test_status_on_a_database_without_studies_creates_no_tables(postgres, workdir, capsys):
     import sqlalchemy
