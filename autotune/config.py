@@ -133,12 +133,18 @@ def shipped_studies() -> list[str]:
 
 
 def _read(source: str) -> tuple[dict[str, Any], str, Path]:
-    path = Path(source)
+    if not source.strip():
+        raise ConfigError("no study file given (an empty name); give a YAML or TOML file or a "
+                          f"shipped study ({', '.join(shipped_studies())})")
+    path = Path(source).expanduser()
     if not path.suffix and source in shipped_studies():
         path = Path(str(resources.files("autotune") / "studies" / f"{source}.yaml"))
     if path.is_dir():
         raise ConfigError(f"study file {source!r} is a folder; give a YAML or TOML file in it "
                           "or a shipped study")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"study file {source!r} is not a regular file (a device or a pipe); "
+                          "give a YAML or TOML file")
     if not path.is_file():
         names = ", ".join(shipped_studies())
         raise ConfigError(f"study file {source!r} not found; give a YAML or TOML file or a "
