@@ -34,8 +34,11 @@ how each is set up). Metric: compute until a goal configuration (TTA within ``--
 factors of the table's best, 1.5 and 1.25 by default) has reached its target: median (a study
 that never found one counts as infinite), p25 - p75, the share that never found one within
 150 trials (or 30 x the best TTA of compute, if later), and the best TTA within 20 x the best
-TTA of compute. The last line: ``autotune_median_h=X random_ratio=R best_baseline=NAME
-best_baseline_ratio=B``, each ratio a method's median over autotune's.
+TTA of compute. Before the methods it prints what the table asks of any tuner: the share of
+uniform proposals that train a goal configuration, and the median compute to the goal with
+such proposals and an oracle pruner that stops every other trial at its first evaluation
+(``autotune.replay.uniform_bound``). The last line: ``autotune_median_h=X random_ratio=R
+best_baseline=NAME best_baseline_ratio=B``, each ratio a method's median over autotune's.
 
 ``paper`` runs random search, Hyperband and TPE + MedianPruner under the YAHPO Gym paper's
 own protocol (best validation accuracy within 6,544 epochs) beside its published regrets: the
@@ -74,6 +77,7 @@ from autotune.replay import (  # noqa: E402
     TableError,
     load_table,
     sh_budgets,
+    uniform_bound,
 )
 from autotune.space import InfeasiblePoint, SearchSpace, load_space  # noqa: E402
 
@@ -264,6 +268,17 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
         print(f"  {note}")
     if table.credit:
         print(f"  data: {table.credit}")
+    bound = uniform_bound(table, goals[0])
+    if bound is None:
+        print(f"  what any tuner is up against: none of 10,000 uniform proposals trains a "
+              f"{goals[0]} x goal configuration")
+    else:
+        print(f"  what any tuner is up against: {100 * bound.hit_share:.2f}% of uniform "
+              f"proposals train a {goals[0]} x goal configuration, so 150 of them hold none "
+              f"in {100 * bound.miss_share:.1f}% of studies; with such proposals and an oracle "
+              f"pruner (every other trial stopped at its first evaluation) the goal takes "
+              f"{bound.median_s / 3600:.4g} h median (p25 {bound.p25_s / 3600:.4g}, p75 "
+              f"{bound.p75_s / 3600:.4g})")
     spent_by: dict[str, list[float]] = {}
     with _pool(jobs) as pool:
         for method in methods:

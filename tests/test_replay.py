@@ -434,3 +434,26 @@ def test_an_opda_table_saved_with_a_byte_order_mark_reads(tmp_path, encoding):
     table = load_table(f"opda:{marked}", 0.7)
     assert [r.times for r in table.runs] == [r.times for r in load_table(f"opda:{plain}",
                                                                            0.7).runs]
+
+
+def test_the_uniform_bound_counts_goal_proposals_and_an_oracle_pruners_compute():
+    """A space of one number in [0, 1): below 0.25 trains the goal run (it reaches at 10 s),
+    above it a run whose first evaluation comes at 1 s (and never reaches). A quarter of
+    uniform proposals are goals; the oracle stops every other run at 1 s, so a study spends
+    N s on the N misses before its first goal (geometric, p = 1/4: median N = 2), then 10 s."""
+    from optuna.distributions import FloatDistribution
+
+    from autotune.replay import Run, Table, uniform_bound
+
+    goal = Run((5.0, 10.0), (0.5, 0.9), (1.0, 2.0), 2.0)
+    slow = Run((1.0, 20.0), (0.2, 0.6), (1.0, 2.0), 2.0)
+    table = Table("two runs", 0.8, [goal, slow], {"x": FloatDistribution(0.0, 1.0)},
+                  lambda params: goal if params["x"] < 0.25 else slow)
+    bound = uniform_bound(table, 1.5, draws=4000, studies=4000)
+    assert bound is not None
+    assert 0.23 < bound.hit_share < 0.27
+    assert bound.median_s == 12.0
+    assert 10.0 <= bound.p25_s <= 11.0 and 13.0 <= bound.p75_s <= 15.0
+    assert bound.miss_share == pytest.approx((1 - bound.hit_share) ** 150)
+    never = Table("no goal drawn", 0.8, [goal, slow], table.space, lambda params: slow)
+    assert uniform_bound(never, 1.5, draws=200) is None

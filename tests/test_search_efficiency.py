@@ -148,6 +148,12 @@ def test_compare_replays_every_method_in_worker_processes_and_ends_with_the_rati
                           "best_baseline_ratio"]
     assert last["best_baseline"] in se.METHODS and last["best_baseline"] != "autotune"
     assert float(last["autotune_median_h"]) > 0 and float(last["random_ratio"]) > 0
+    # what the table asks of any tuner, before the methods: one of its 3 runs is the goal,
+    # and proposals train the nearest run (cells of unequal size), so some share between
+    at = next(i for i, line in enumerate(lines) if "what any tuner is up against" in line)
+    assert at < next(i for i, line in enumerate(lines) if line.split()[0] in se.METHODS)
+    share = float(lines[at].split("against: ")[1].split("%")[0])
+    assert 0 < share < 100 and "oracle pruner" in lines[at]
 
 
 def test_a_method_that_misses_in_half_its_studies_has_no_finite_median():
