@@ -332,6 +332,40 @@ def test_kaggle_layouts_valid_folders_and_a_train_folder_alone_are_read(tmp_path
     assert all("/train/" in p for p, _ in split.val)
 
 
+def test_a_path_one_level_off_the_tree_says_which_path_holds_it(tmp_path):
+    """A tree inside a wrapping folder (an archive extracted as dataset/imagenet/train/...),
+    a class folder given as the root, and images with no class folders (labels in a CSV)
+    are each refused with the path or the move that makes them a tree."""
+    import re
+
+    from trainers.sources import read_layout
+
+    tree = make_tree(tmp_path / "wrap" / "dataset" / "imagenet", classes=2, train=3, val=1)
+    for spec in ({"path": str(tmp_path / "wrap")},
+                 {"path": str(tmp_path / "wrap"), "val_split": 0.2}):
+        with pytest.raises(ValueError, match=f"give path: {re.escape(str(tree))}$"):
+            read_layout({"kind": "imagefolder", **spec})
+    one_class = tree / "train" / "n00000000"
+    with pytest.raises(ValueError, match=r"it holds 3 images directly: .* or, if n00000000 is "
+                                         f"one class of a tree, give the tree's root: "
+                                         f"{re.escape(str(tree))}$"):
+        read_layout({"kind": "imagefolder", "path": str(one_class), "val_split": 0.2})
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for f in one_class.iterdir():
+        (flat / f.name).write_bytes(f.read_bytes())
+    (flat / "labels.csv").write_text("file,label\n")
+    with pytest.raises(ValueError, match=r"holds 3 images directly: autotune takes an image's "
+                                         r"class from its folder's name \(labels in labels\.csv "
+                                         r"are not read\), so move them into one folder per "
+                                         r"class"):
+        read_layout({"kind": "imagefolder", "path": str(flat), "val_split": 0.2})
+    # a tree of classes with no split is still told to add val_split, not to look deeper
+    classes = make_tree(tmp_path / "plain", classes=2, train=3, val=1) / "train"
+    with pytest.raises(ValueError, match="if those are the classes, add val_split"):
+        read_layout({"kind": "imagefolder", "path": str(classes)})
+
+
 def test_linked_folders_are_followed_once_and_a_loop_back_up_is_not(tmp_path):
     root = make_tree(tmp_path / "tree", train=6, val=2, size=16)
     plain = train_size({"kind": "imagefolder", "path": str(root)})

@@ -483,6 +483,46 @@ def _val_folder(root: Path) -> Path | None:
     return next((root / n for n in _VAL_NAMES if (root / n).is_dir()), None)
 
 
+def _holds_tree(folder: Path) -> bool:
+    """Whether ``folder`` looks like the root of an ImageFolder tree: a train/ in it, or at
+    least two class folders with images in them (the first 20 looked at)."""
+    if (folder / "train").is_dir():
+        return True
+    classes = _class_folders(folder)
+    return len(classes) >= 2 and all(any(_is_image(n) for n in os.listdir(folder / c))
+                                     for c in classes[:20])
+
+
+def _tree_below(folder: Path) -> Path | None:
+    """The tree a wrapping folder holds (``folder``/dataset/data/train/...): down through
+    folders with no images and one folder each, the first that holds a tree."""
+    for _ in range(8):
+        if _holds_tree(folder):
+            return folder
+        inside = _class_folders(folder)
+        if len(inside) != 1 or any(_is_image(n) for n in os.listdir(folder)):
+            return None
+        folder = folder / inside[0]
+    return None
+
+
+def _loose_hint(top: Path, root: Path) -> str:
+    """What to do with images that lie in ``top`` itself, not in class folders."""
+    names = os.listdir(top)
+    loose = sum(1 for n in names if _is_image(n))
+    if not loose:
+        return ""
+    tables = [n for n in names if n.lower().endswith((".csv", ".txt", ".json"))]
+    labels = f" (labels in {tables[0]} are not read)" if tables else ""
+    hint = (f"; it holds {loose} images directly: autotune takes an image's class from its "
+            f"folder's name{labels}, so move them into one folder per class "
+            f"({top}/<class>/*.jpg)")
+    up = root.parent.parent if root.parent.name == "train" else root.parent
+    if up != root and _holds_tree(up):
+        hint += f"; or, if {root.name} is one class of a tree, give the tree's root: {up}"
+    return hint
+
+
 def _class_root(root: Path, share: Any) -> Path:
     """Where the class folders are: ``train/``, or with ``val_split`` the root itself when it
     has no ``train/``."""
@@ -523,10 +563,15 @@ def read_layout(spec: dict[str, Any]) -> Layout:
         expected = f"expected {root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG"
         if not has_train:
             found = _class_folders(root)
+            below = _tree_below(root / found[0]) if len(found) == 1 else None
             hint = (f"; it holds {len(found)} folder(s) ({', '.join(found[:3])}"
                     f"{', ...' if len(found) > 3 else ''}): if those are the classes, add "
                     "val_split: 0.1 to trainer.data to hold out 10% of each for validation"
-                    if found and val_dir is None else "")
+                    if found and val_dir is None and below is None else "")
+            if below is not None:
+                hint = f"; its one folder holds the tree: give path: {below}"
+            elif not found:
+                hint = _loose_hint(root, root)
             raise ValueError(f"ImageFolder {root}: missing train/ ({expected}){hint}")
         if val_dir is None:
             test = " (test/ is there: a test set is not for tuning)" if (
@@ -555,10 +600,12 @@ def read_layout(spec: dict[str, Any]) -> Layout:
     where = "train/" if has_train else ""
     if not classes:
         raise ValueError(f"ImageFolder {root}/{where} has no class folders (expected "
-                         f"{root}/{where}<class>/*.JPEG)")
+                         f"{root}/{where}<class>/*.JPEG){_loose_hint(root / where, root)}")
     if len(classes) < 2:
+        below = _tree_below(root / where / classes[0])
+        hint = "" if below is None else f"; that folder holds the tree: give path: {below}"
         raise ValueError(f"ImageFolder {root} has one class ({classes[0]}); a classifier needs "
-                         "at least 2")
+                         f"at least 2{hint}")
     for part, lists in parts.items():
         few = 2 if share is not None else 1       # a split class needs one image each side
         empty = [c for c, files in zip(classes, lists, strict=True) if len(files) < few]
