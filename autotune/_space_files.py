@@ -109,7 +109,7 @@ def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1,
     """
     import search_spaces
 
-    path = Path(ref)
+    path = Path(ref).expanduser()
     if ref in shipped_spaces():
         path = Path(search_spaces.__file__).parent / f"{ref}.py"
     elif not path.is_absolute():

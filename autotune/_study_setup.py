@@ -35,13 +35,17 @@ def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) ->
 
 
 def _absolute_data(cfg: StudyConfig) -> StudyConfig:
-    """``cfg`` with an ImageFolder path made absolute (relative to the study file)."""
+    """``cfg`` with an ImageFolder path made absolute (``~`` the home folder, as a shell reads
+    it; otherwise relative to the study file)."""
     data = dict(cfg.trainer.data)
-    if data.get("kind") == "imagefolder" and not Path(str(data["path"])).is_absolute():
-        data["path"] = str((Path(cfg.base_dir) / str(data["path"])).resolve())
-        trainer = dataclasses.replace(cfg.trainer, data=data)
-        return dataclasses.replace(cfg, trainer=trainer)
-    return cfg
+    if data.get("kind") != "imagefolder":
+        return cfg
+    path = Path(str(data["path"])).expanduser()
+    absolute = str(path if path.is_absolute() else (Path(cfg.base_dir) / path).resolve())
+    if absolute == data["path"]:
+        return cfg
+    data["path"] = absolute
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, data=data))
 
 
 def _absolute_paths(cfg: StudyConfig) -> StudyConfig:

@@ -86,3 +86,25 @@ def test_a_worker_without_the_studys_tree_refuses_in_one_line(started, args, say
         assert error[0].endswith("if the tree lies elsewhere on this machine, give its path "
                                  "with --data PATH")
     assert "joined" not in result.stdout and not (started / "runs").exists()
+
+
+def test_a_study_files_home_folder_paths_are_the_users_home(tmp_path, monkeypatch):
+    """`path: ~/images` and `search_space: ~/space.py` in a study file are the files in the
+    home folder, as a shell reads them (not a folder named `~` beside the study file)."""
+    home = tmp_path / "home"
+    _tree(home / "images", classes=3)
+    (home / "space.py").write_text(
+        "from autotune import Float, Int, PowerOfTwo, SearchSpace\n"
+        "space = SearchSpace(PowerOfTwo('global_batch', 16, 32), Float('lr_per_256', 0.05, "
+        "0.5, log=True), Int('epochs', 1, 2))\n")
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "study.yaml").write_text(
+        "trainer: {data: {kind: imagefolder, path: ~/images, image_size: 16}}\n"
+        "search_space: ~/space.py\n"
+        "target: {metric: top1, value: 0.9}\n"
+        f"run_dir: {tmp_path / 'runs'}\n"
+        f"tracking_uri: {tmp_path / 'mlruns'}\n")
+    cfg, space, size = prepare(config.load(str(tmp_path / "study.yaml")))
+    assert cfg.trainer.data["path"] == str(home / "images")
+    assert [p.name for p in space.params] == ["global_batch", "lr_per_256", "epochs"]
+    assert size > 0 and not (tmp_path / "~").exists()
