@@ -111,6 +111,20 @@ def _model_names() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
+def _closest_models(name: str, models: Any) -> str:
+    """What to write instead of the model ``name``: the names it is closest to as written
+    (ResNet-50 -> resnet50), else a few common ones."""
+    import difflib
+
+    squeezed = {re.sub(r"[^a-z0-9]", "", m.lower()): m for m in models}
+    exact = squeezed.get(re.sub(r"[^a-z0-9]", "", name.lower()))
+    near = [exact] if exact else difflib.get_close_matches(name.lower(), sorted(models), n=3,
+                                                            cutoff=0.75)
+    if near:
+        return f"did you mean {', '.join(near[:-1])}{' or ' if len(near) > 1 else ''}{near[-1]}?"
+    return "use for example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16"
+
+
 def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     """(key, problem) for every invalid value of ``cfg``."""
     b, found = cfg.budget, []
@@ -178,8 +192,8 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     if not found:
         models = _model_names()
         check(cfg.trainer.model in models, "trainer.model",
-              f"{cfg.trainer.model!r} is not a torchvision classification model; use for "
-              "example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16")
+              f"{cfg.trainer.model!r} is not a torchvision classification model; "
+              + _closest_models(str(cfg.trainer.model), models))
         if not own and cfg.trainer.model in models:
             data = cfg.trainer.data
             why = _model_size_problem(cfg.trainer.model, image_size_of(data),

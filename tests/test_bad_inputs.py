@@ -24,6 +24,11 @@ def _space(extra: str) -> str:
 # name: (study file text, expected words). Each file also gets `study_name: bad`.
 STUDY_FILES: dict[str, tuple[str, str]] = {
     "unknown model": ("trainer: {model: resnet9000}\n", "not a torchvision classification"),
+    "model written as a paper writes it": ("trainer: {model: ResNet-50}\n",
+                                           "model 'ResNet-50' is not a torchvision "
+                                           "classification model; did you mean resnet50?"),
+    "model misspelt": ("trainer: {model: convnxt_tiny}\n", "did you mean convnext_tiny"),
+    "model unlike any": ("trainer: {model: mymodel}\n", "use for example resnet18, resnet50"),
     "a key given twice": ("target: {metric: top1, value: 0.9}\ntarget: {metric: top1, "
                           "value: 0.8}\n", "key 'target' is given twice (lines 2 and 3); "
                           "keep one"),
