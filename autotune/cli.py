@@ -113,6 +113,19 @@ def _add_ui(sub: Any) -> None:
     p.set_defaults(func=_ui)
 
 
+def _seconds(text: str) -> float:
+    """A flag's number of seconds; a duration written with units is refused with its seconds
+    (``1h``: 3600)."""
+    from .config import duration_s
+
+    try:
+        return float(text)
+    except ValueError:
+        seconds = duration_s(text)
+        hint = f" ({seconds:g} for {text.strip()})" if seconds is not None else ""
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds{hint}") from None
+
+
 def _require_sqlite_file(url: str) -> None:
     """db upgrade migrates a database; it does not make an SQLite file that is not there."""
     from .config import sqlite_file
@@ -330,8 +343,9 @@ def _add_start_study(sub: Any) -> None:
                                    "study file.")
     p.add_argument("config", help="a study file (.yaml, .toml) or a shipped study (quickstart)")
     p.add_argument("--n-trials", type=int, help="finished trials the study should hold")
-    p.add_argument("--timeout", type=float, help="seconds for this run of the study")
-    p.add_argument("--max-trial-seconds", type=float, help="training seconds per trial at most")
+    p.add_argument("--timeout", type=_seconds, help="seconds for this run of the study")
+    p.add_argument("--max-trial-seconds", type=_seconds,
+                   help="training seconds per trial at most")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI or a local store directory "
                                           "(default ./mlruns)")

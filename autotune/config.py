@@ -210,6 +210,21 @@ def _check_keys(data: dict[str, Any], cls: type, where: str, prefix: str) -> Non
                           f"{prefix.rstrip('.') or 'the study file'}: {', '.join(allowed)}")
 
 
+_DURATION = re.compile(r"\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*"
+                       r"(?:(\d+(?:\.\d+)?)\s*m(?:in)?)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*",
+                       re.IGNORECASE)
+
+
+def duration_s(text: str) -> float | None:
+    """Seconds in a duration written with units (``1h``, ``30m``, ``1h30m``, ``90s``), or
+    None: a ``*_s`` key takes seconds, and the refusal says how many."""
+    match = _DURATION.fullmatch(text)
+    if match is None or not any(match.groups()):
+        return None
+    days, hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 def _typed(value: Any, kind: Any, where: str) -> Any:
     """``value`` converted to the field type ``kind`` (a string annotation), or an error."""
     optional = "None" in kind
@@ -231,7 +246,9 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
                 hint = (" (YAML read it as text: write an exponent with a dot and a sign, "
                         "1.0e+12, or write the number out)")
             except ValueError:
-                pass
+                seconds = duration_s(value) if where.endswith("_s") else None
+                if seconds is not None:
+                    hint = (f" (a number of seconds: {seconds:g} for {value.strip()})")
         raise ConfigError(f"{where} must be {what}, got {value!r}{hint}")
     if base.startswith("dict") and not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping, got {value!r}")

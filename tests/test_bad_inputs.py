@@ -11,6 +11,8 @@ import pytest
 
 from autotune.cli import main
 
+from .conftest import run_cli
+
 HEADER = "from autotune import Categorical, Derived, Fixed, Float, Int, PowerOfTwo, SearchSpace\n"
 GOOD = ('PowerOfTwo("global_batch", 64, 256), Float("lr_per_256", 0.01, 1.0), '
         'Int("epochs", 2, 8)')
@@ -179,6 +181,10 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "n_trials text": ("budget: {n_trials: all}\n", "must be a whole number, got 'all'"),
     "no end to the study": ("budget: {n_trials: null}\n", "needs n_trials or timeout_s"),
     "timeout negative": ("budget: {timeout_s: -1}\n", "budget.timeout_s must be positive"),
+    "timeout with a unit": ("budget: {timeout_s: 2h}\n", "budget.timeout_s must be a number, "
+                            "got '2h' (a number of seconds: 7200 for 2h)"),
+    "trial cap with a unit": ("budget: {max_trial_s: 90 s}\n", "(a number of seconds: 90 for "
+                              "90 s)"),
     "timeout zero": ("budget: {timeout_s: 0}\n", "budget.timeout_s must be positive"),
     "timeout infinite": ("budget: {timeout_s: .inf}\n", "budget.timeout_s must be positive"),
     "max_trial_s zero": ("budget: {max_trial_s: 0}\n", "budget.max_trial_s must be positive"),
@@ -325,6 +331,14 @@ FLAGS = {
     "seed huge is fine but n-trials text": (["--n-trials", "0", "--seed", "3"],
                                             "--n-trials must be"),
 }
+
+
+def test_a_flags_duration_with_a_unit_is_refused_with_its_seconds(workdir):
+    result = run_cli("start", "study", "quickstart", "--timeout", "1h30m", cwd=workdir)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "argument --timeout: '1h30m' is not a number of seconds (5400 for 1h30m)" in \
+        result.stderr, result.stderr
+    assert list(workdir.iterdir()) == []
 
 
 @pytest.mark.parametrize("case", sorted(FLAGS))
