@@ -249,6 +249,9 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
                 seconds = duration_s(value) if where.endswith("_s") else None
                 if seconds is not None:
                     hint = (f" (a number of seconds: {seconds:g} for {value.strip()})")
+                elif re.fullmatch(r"\s*\d+(\.\d+)?\s*%\s*", value):
+                    share = float(value.strip().rstrip("%")) / 100
+                    hint = f" (a share of 1: {share:g} for {value.strip()})"
         raise ConfigError(f"{where} must be {what}, got {value!r}{hint}")
     if base.startswith("dict") and not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping, got {value!r}")
