@@ -156,19 +156,22 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
         reason = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else \
             (e.strerror or str(e))
         raise ConfigError(f"study file {source!r} cannot be read: {reason}") from None
+    suffix = path.suffix.lower()        # STUDY.YAML, as some editors save it
     try:
-        if path.suffix == ".toml":
+        if suffix == ".toml":
             data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
+        elif suffix in (".yaml", ".yml", ".json"):   # JSON is YAML, and read as YAML reads it
             data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no tags run code
         else:
-            raise ConfigError(f"{path}: unknown file type {path.suffix!r}; use .yaml, .yml "
-                              "or .toml")
+            raise ConfigError(f"{path}: unknown file type {path.suffix!r}; use .yaml, .yml, "
+                              ".toml or .json")
     except _DuplicateKey as e:
         raise ConfigError(f"{path}: {e}") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
         first = " ".join(str(e).split())
-        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {first}") from e
+        tabs = ("; indent with spaces, not tabs" if isinstance(e, yaml.YAMLError)
+                and "'\\t'" in first else "")
+        raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {first}{tabs}") from e
     if data is None:
         data = {}
     if not isinstance(data, dict):

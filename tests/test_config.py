@@ -46,6 +46,18 @@ def test_a_study_file_saved_with_a_byte_order_mark_loads(tmp_path):
         assert config.load(str(path)).target == config.Target("top5", 0.93)
 
 
+def test_a_json_study_file_and_an_upper_case_suffix_load(tmp_path):
+    """JSON is YAML (a study file a script wrote with json.dump), and STUDY.YAML is a YAML
+    file whatever the case of its suffix; its name is the study's."""
+    (tmp_path / "s.json").write_text('{"target": {"metric": "top5", "value": 0.93}}')
+    (tmp_path / "UPPER.YAML").write_text("target: {metric: top5, value: 0.93}\n")
+    for name in ("s.json", "UPPER.YAML"):
+        assert config.load(str(tmp_path / name)).target == config.Target("top5", 0.93)
+    (tmp_path / "tabs.yaml").write_text("budget:\n\tn_trials: 3\n")
+    with pytest.raises(ConfigError, match="not valid YAML: .*; indent with spaces, not tabs$"):
+        config.load(str(tmp_path / "tabs.yaml"))
+
+
 def test_the_shipped_quickstart_loads():
     cfg = config.load("quickstart")
     assert cfg.search_space == "quickstart"
