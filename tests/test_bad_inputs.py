@@ -422,7 +422,7 @@ def test_the_tables_hold_over_a_hundred_bad_inputs():
 USAGE_MISTAKES = {
     "a flag given text for a number": (["start", "study", "quickstart", "--timeout", "abc"],
                                        "autotune start study: error: argument --timeout: "
-                                       "invalid float value: 'abc'"),
+                                       "'abc' is not a number of seconds"),
     "a flag without its value": (["status", "--storage"],
                                  "autotune status: error: argument --storage: expected one"),
     "a missing argument": (["space", "check"], "autotune space check: error: the following "
