@@ -59,6 +59,20 @@ def test_an_opda_file_becomes_a_table_of_runs(tmp_path):
                         "momentum": 0.9, "weight_decay": 5e-5, "label_smoothing": 0.1}) is fast
 
 
+def test_a_table_path_in_the_home_folder_or_missing_or_a_folder_is_read_or_named(
+        tmp_path, monkeypatch):
+    """`--table opda:~/curves.jsonl`: the shell leaves a `~` after `opda:` as it is, so the
+    loader reads it as the home folder; an empty path and a folder are named as such."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _opda_file(tmp_path)
+    name = _opda_file(tmp_path).name
+    assert len(load_table(f"opda:~/{name}", 0.70).runs) == 6
+    with pytest.raises(TableError, match="no table path given"):
+        load_table("opda:", 0.70)
+    with pytest.raises(TableError, match=f"the table {tmp_path} is a folder"):
+        load_table(f"opda:{tmp_path}", 0.70)
+
+
 def test_an_opda_table_counting_epochs_from_one_is_read_as_epochs_done(tmp_path):
     """Another tool's export may number its entries 1, 2, ... E: an entry at a run's last
     epoch, none at 0. Read as opda's 0-indexed count, every run would overshoot its schedule."""

@@ -129,6 +129,12 @@ def _nearest(space: dict[str, BaseDistribution], points: list[dict[str, Any]],
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
+    if not str(path).strip() or str(path) == ".":
+        raise TableError("no table path given: give the path of a JSON-lines file "
+                         "(opda:PATH, autotune:PATH)")
+    if path.is_dir():
+        raise TableError(f"the table {path} is a folder: give the path of a JSON-lines file "
+                         "in it")
     if not path.is_file():
         raise TableError(f"no table at {path}: give the path of a JSON-lines file")
     rows = []
@@ -675,9 +681,9 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
         if target is None:
             raise TableError(f"an opda table needs --target (the {metric} accuracy to reach, "
                              "e.g. 0.70)")
-        return opda(Path(rest), target, metric, num_classes)
+        return opda(Path(rest).expanduser(), target, metric, num_classes)
     if kind == "yahpo-lcbench":
         data = yahpo_data or Path(__file__).resolve().parents[3] / "shared" / "external" \
             / "yahpo-lcbench"
         return yahpo_lcbench(rest, data, target)
-    return autotune_table(Path(rest), 0.97 if target is None else target)
+    return autotune_table(Path(rest).expanduser(), 0.97 if target is None else target)
