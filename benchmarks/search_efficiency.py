@@ -83,7 +83,8 @@ from autotune.space import InfeasiblePoint, SearchSpace, load_space  # noqa: E40
 
 DATA = ROOT / "benchmarks" / "data" / "quickstart_curves.jsonl"
 # External data is read where it lies, never copied into the repository.
-EXTERNAL = Path(os.environ.get("AUTOTUNE_EXTERNAL_DATA", ROOT.parent / "shared" / "external"))
+EXTERNAL = Path(os.environ.get("AUTOTUNE_EXTERNAL_DATA",
+                               ROOT.parent / "shared" / "external")).expanduser()
 YAHPO_DATA = EXTERNAL / "yahpo-lcbench"
 TARGET = 0.97
 WORLD = 2
