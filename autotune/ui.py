@@ -36,6 +36,20 @@ def _experiment_id(uri: str, study: str | None) -> str | None:
     return str(studies[0].experiment_id) if len(studies) == 1 else None
 
 
+def _require_answer(uri: str, timeout_s: float = 5.0) -> None:
+    """A one-line error now, not MLflow's client retrying for minutes, when the tracking
+    server at ``uri`` does not answer."""
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return      # it answered (a server behind a proxy may have no /health): MLflow judges
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise ConfigError(f"the MLflow server at {uri} does not answer ({reason}); start it, "
+                          "or give --tracking-uri the folder of a local store") from None
+
+
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -55,6 +69,7 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
     """Starts the MLflow UI and prints the study's page; runs until interrupted."""
     uri, _ = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):
+        _require_answer(uri)
         exp = _experiment_id(uri, study)
         echo(experiment_url(uri, exp) if exp else uri)
         return 0

@@ -397,6 +397,9 @@ VERBS = {
                                    "--world-size must be at least 1"),
     "ui on a port too high": (["ui", "--port", "70000"], "is not a port; use 1 to 65535"),
     "ui on a store that is not there": (["ui", "--tracking-uri", "nostore"], "nostore"),
+    "ui on a tracking server that is down": (["ui", "--tracking-uri", "http://127.0.0.1:1"],
+                                             "the MLflow server at http://127.0.0.1:1 does "
+                                             "not answer"),
     "start without study": (["start"], "the command is 'autotune start study'"),
     "start --help without study": (["start", "--help"], "'start' alone is not a command"),
     "space with an unknown verb": (["space", "list"], "'space list' is not a command; the "

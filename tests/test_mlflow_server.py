@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from ._services import Background
-from .conftest import ROOT
+from .conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.mlflow_server, pytest.mark.postgres]
 
@@ -88,3 +88,14 @@ def test_a_study_survives_mlflow_going_down_and_loses_no_record(mlflow_server, t
         assert {"plan.json", "learning_curve.png"} <= files
         final = "tta_s" if trial.user_attrs["outcome"] == "reached" else "reached_target"
         assert final in run.data.metrics
+
+    # `autotune ui` on the server: the study's page at once (the server answers); on a server
+    # that is down, one line at once, not MLflow's client retrying for minutes
+    shown = run_cli("ui", "--tracking-uri", mlflow_server.url, "--study", "quickstart",
+                    cwd=tmp_path, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == f"{mlflow_server.url}/#/experiments/{exp.experiment_id}/runs"
+    mlflow_server.stop()
+    down = run_cli("ui", "--tracking-uri", mlflow_server.url, cwd=tmp_path, timeout=60)
+    assert down.returncode == 2 and down.stderr.count("\n") == 1, down.stderr
+    assert f"the MLflow server at {mlflow_server.url} does not answer" in down.stderr
