@@ -40,11 +40,11 @@ def _absolute_data(cfg: StudyConfig) -> StudyConfig:
     data = dict(cfg.trainer.data)
     if data.get("kind") != "imagefolder":
         return cfg
-    path = Path(str(data["path"])).expanduser()
-    absolute = str(path if path.is_absolute() else (Path(cfg.base_dir) / path).resolve())
-    if absolute == data["path"]:
-        return cfg
-    data["path"] = absolute
+    given = Path(str(data["path"]))
+    if given.is_absolute():
+        return cfg       # as written: a study started with it resumes without a change
+    path = given.expanduser()
+    data["path"] = str(path if path.is_absolute() else (Path(cfg.base_dir) / path).resolve())
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, data=data))
 
 
