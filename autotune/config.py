@@ -255,6 +255,10 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
                 elif re.fullmatch(r"\s*\d+(\.\d+)?\s*%\s*", value):
                     share = float(value.strip().rstrip("%")) / 100
                     hint = f" (a share of 1: {share:g} for {value.strip()})"
+        if isinstance(value, bool) and base == "str":   # yes, no, on, off: YAML's booleans
+            hint = " (YAML read it as true or false: put it in quotes)"
+        elif isinstance(value, int | float) and base == "str":
+            hint = f" (YAML read it as a number: quote it, '{value}')"
         raise ConfigError(f"{where} must be {what}, got {value!r}{hint}")
     if base.startswith("dict") and not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping, got {value!r}")
