@@ -181,8 +181,10 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "n_trials text": ("budget: {n_trials: all}\n", "must be a whole number, got 'all'"),
     "no end to the study": ("budget: {n_trials: null}\n", "needs n_trials or timeout_s"),
     "timeout negative": ("budget: {timeout_s: -1}\n", "budget.timeout_s must be positive"),
-    "study name read as a number": ("study_name: 2024\n", "study_name must be a string, got "
-                                    "2024 (YAML read it as a number: quote it, '2024')"),
+    "a name read as a number": ("search_space: 2024\n", "search_space must be a string, got "
+                                "2024 (YAML read it as a number: quote it, '2024')"),
+    "a name read as a boolean": ("trainer: {model: no}\n", "trainer.model must be a string, "
+                                 "got False (YAML read it as true or false: put it in quotes)"),
     "target as a percentage": ("target: {value: 93%}\n", "target.value must be a number, "
                                "got '93%' (a share of 1: 0.93 for 93%)"),
     "timeout with a unit": ("budget: {timeout_s: 2h}\n", "budget.timeout_s must be a number, "
