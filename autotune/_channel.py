@@ -81,7 +81,7 @@ def read_token_file(path: str | os.PathLike[str], where: str) -> str:
     """The secret in ``path``'s first line; a one-line error for a missing, unreadable, empty
     or too short one."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{where} {str(path)!r} cannot be read ({e.__class__.__name__}); "
                           "name a file whose first line is the study server's secret") from None
@@ -108,7 +108,7 @@ def client_token() -> str | None:
 
 def _read_pem(path: str | os.PathLike[str], where: str) -> bytes:
     try:
-        data = Path(path).read_bytes()
+        data = Path(path).expanduser().read_bytes()
     except OSError as e:
         raise ConfigError(f"{where} {str(path)!r} cannot be read ({e.__class__.__name__}); "
                           "name a PEM file") from None

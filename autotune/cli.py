@@ -231,8 +231,8 @@ def _export_curves(args: argparse.Namespace) -> int:
     from .export import export_curves
 
     validate_storage_url(args.storage, "--storage")
-    return export_curves(args.study, args.storage, Path(args.out) if args.out else None,
-                         every=args.all)
+    out = Path(args.out).expanduser() if args.out else None
+    return export_curves(args.study, args.storage, out, every=args.all)
 
 
 def _add_export_curves(sub: Any) -> None:
@@ -266,7 +266,7 @@ def _worker(args: argparse.Namespace) -> int:
     validate_storage_url(storage, "--server" if args.server else "--storage")
     hostfile = None
     if args.hostfile:
-        hostfile = Path(args.hostfile).resolve()
+        hostfile = Path(args.hostfile).expanduser().resolve()
         if not hostfile.is_file():
             raise ConfigError(f"--hostfile {args.hostfile}: no such file; write one "
                               "'HOST slots=N' line per node")

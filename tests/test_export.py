@@ -83,13 +83,15 @@ def _study_file(tmp_path: Path, trials: list[optuna.trial.FrozenTrial]) -> str:
     return storage
 
 
-def test_an_exported_study_replays_under_every_tuner(tmp_path, capsys):
+def test_an_exported_study_replays_under_every_tuner(tmp_path, capsys, monkeypatch):
     trials = [_trial(i, "reached" if i % 3 == 0 else "planned_epochs",
                      _rows(8 + i % 4, 8 + i % 4, rise=0.1 + 0.01 * i), epochs=8 + i % 4,
                      lr=0.02 * (i + 1)) for i in range(12)]
     storage = _study_file(tmp_path, trials)
     out = tmp_path / "mine.jsonl"
-    assert main(["export", "curves", "mine", "--storage", storage, "--out", str(out)]) == 0
+    monkeypatch.setenv("HOME", str(tmp_path))     # --out ~/mine.jsonl: the home folder's
+    assert main(["export", "curves", "mine", "--storage", storage, "--out",
+                 "~/mine.jsonl"]) == 0
     said = capsys.readouterr().out
     assert "wrote 12 trial curve(s)" in said
     assert f"--table opda:{out} --target 0.9 --metric top1" in said

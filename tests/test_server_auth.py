@@ -191,3 +191,19 @@ def test_insecure_on_purpose_binds_beyond_loopback_and_warns(postgres, tmp_path)
         server.terminate()
         _, err = server.communicate(timeout=20)
     assert "has no secret (--insecure)" in err
+
+
+def test_secret_and_certificate_files_written_with_a_home_folder_are_read_there(tmp_path,
+                                                                                monkeypatch):
+    """AUTOTUNE_SERVER_TOKEN_FILE=~/secret in a service's environment file is not expanded by
+    any shell: the file in the home folder is read, and a missing one named as given."""
+    from autotune._channel import _read_pem, read_token_file
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "secret").write_text("s3cret-token-long-enough-for-autotune\n")
+    (tmp_path / "ca.pem").write_bytes(b"-----BEGIN CERTIFICATE-----\nMII\n")
+    assert read_token_file("~/secret", "--token-file") == \
+        "s3cret-token-long-enough-for-autotune"
+    assert _read_pem("~/ca.pem", "AUTOTUNE_SERVER_CA").startswith(b"-----BEGIN")
+    with pytest.raises(ConfigError, match=r"--token-file '~/nope' cannot be read"):
+        read_token_file("~/nope", "--token-file")
