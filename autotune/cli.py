@@ -341,7 +341,8 @@ def _add_start_study(sub: Any) -> None:
                        description="Run a study: trials are proposed, trained with DeepSpeed and "
                                    "recorded in the study store and MLflow. Flags override the "
                                    "study file.")
-    p.add_argument("config", help="a study file (.yaml, .toml) or a shipped study (quickstart)")
+    p.add_argument("config", help="a study file (.yaml, .toml, .json) or a shipped study "
+                                  "(quickstart)")
     p.add_argument("--n-trials", type=int, help="finished trials the study should hold")
     p.add_argument("--timeout", type=_seconds, help="seconds for this run of the study")
     p.add_argument("--max-trial-seconds", type=_seconds,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -46,6 +47,8 @@ def _require_answer(uri: str, timeout_s: float = 5.0) -> None:
         return      # it answered (a server behind a proxy may have no /health): MLflow judges
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
+        if isinstance(reason, ssl.SSLError):
+            return  # it answered; trusting its certificate is MLflow's (MLFLOW_TRACKING_*)
         raise ConfigError(f"the MLflow server at {uri} does not answer ({reason}); start it, "
                           "or give --tracking-uri the folder of a local store") from None
 
