@@ -269,9 +269,10 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
         print(f"  {note}")
     if table.credit:
         print(f"  data: {table.credit}")
-    bound = uniform_bound(table, goals[0])
+    draws = 10_000
+    bound = uniform_bound(table, goals[0], draws=draws)
     if bound is None:
-        print(f"  what any tuner is up against: none of 10,000 uniform proposals trains a "
+        print(f"  what any tuner is up against: none of {draws:,} uniform proposals trains a "
               f"{goals[0]} x goal configuration")
     else:
         print(f"  what any tuner is up against: {100 * bound.hit_share:.2f}% of uniform "
