@@ -11,13 +11,16 @@ nearest to it cost: their geometric mean planned duration, of the 3 nearest, one
 (diverged, out of memory) counted 4 x (``failed_cost``). Every trial's curve gives its planned
 duration (elapsed seconds over the share of its schedule done), pruned or not, and a TTA can
 never exceed it: of two equally unexplored regions, the study first tries the one whose
-neighbours are quick. TPE (with Optuna 5's constraints, so censored and failed trials count)
-proposes the rest, which keeps some refinement near the best configurations for long studies.
+neighbours are quick. TPE as Optuna 5 sets it up (multivariate, constant liar, 8 start-up
+trials), with its constraints so censored and failed trials count, proposes the rest, which
+keeps some refinement near the best configurations for long studies.
 
 How it was chosen (``benchmarks/search_efficiency.py``; BENCHMARKS.md has the figures): spread
 points beat a scrambled Sobol start (in the replay a Sobol point often lands on a configuration
-the study already ran), and more TPE, TPE's own start-up tuning, multivariate TPE and local
-search around the best did worse. Cost-aware spread points need fewer trials than plain ones on
+the study already ran), and more TPE, TPE's own start-up tuning and local search around the
+best did worse; univariate TPE does as well as multivariate within the spread of 100 replayed
+studies, and keeping TPE's proposals away from tried configurations helps ConvNeXt and costs
+LCBench (BENCHMARKS.md). Cost-aware spread points need fewer trials than plain ones on
 all three recorded tables (1000 replayed studies each), the more so the more candidates they
 weigh (8, 16, 32, 64; plain spread points gain nothing from 16); without the failed-trial guard
 they pull toward large batches, which diverge on the slower machine's table. TPE after the
