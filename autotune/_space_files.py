@@ -91,6 +91,92 @@ def check_space(space: SearchSpace, points: int = 64, own: Iterable[str] = ()) -
     return problems
 
 
+_WRITE_AS = ("define `space = SearchSpace(Float(\"lr_per_256\", 0.01, 1, log=True), ...)` "
+             "(from autotune import SearchSpace, Float, Int, Categorical), or `space` as a dict "
+             "of Optuna distributions; code that needs the trial itself goes in "
+             "SearchSpace(..., define_by_run=function)")
+
+
+def _is_distribution(value: Any) -> bool:
+    from optuna.distributions import BaseDistribution
+
+    return isinstance(value, BaseDistribution)
+
+
+def _takes_trial(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` is an Optuna objective (its first parameter named ``trial``)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0] in ("trial", "t", "optuna_trial")
+
+
+def _from_optuna(space: dict[Any, Any], path: Path) -> SearchSpace:
+    """The SearchSpace a dict of Optuna distributions (``{"lr_per_256":
+    FloatDistribution(0.01, 1, log=True)}``) says, its parameters in the dict's order."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    items: list[Any] = []
+    for name, dist in space.items():
+        if not isinstance(name, str):
+            raise SpaceError(f"{path}: `space` has the key {name!r}; name each parameter with a "
+                             "string")
+        if isinstance(dist, FloatDistribution):
+            if dist.step is not None:
+                raise SpaceError(f"{path}: {name}: FloatDistribution(step={dist.step:g}) has no "
+                                 "autotune equivalent; drop the step, or list the values as a "
+                                 "CategoricalDistribution")
+            items.append(Float(name, dist.low, dist.high, log=dist.log))
+        elif isinstance(dist, IntDistribution):
+            items.append(Int(name, dist.low, dist.high, log=dist.log, step=dist.step))
+        elif isinstance(dist, CategoricalDistribution):
+            items.append(Categorical(name, list(dist.choices)))
+        else:
+            raise SpaceError(f"{path}: {name}: {type(dist).__name__} is not one autotune reads; "
+                             "use FloatDistribution, IntDistribution or "
+                             "CategoricalDistribution")
+    try:
+        return SearchSpace(*items)
+    except SpaceError as e:
+        raise SpaceError(f"{path}: {e.problems[0]}",
+                         problems=[f"{path}: {p}" for p in e.problems]) from e
+
+
+def _instead(module: Any, space: Any) -> str:
+    """What ``module`` defines in place of a usable ``space``, for the error that says so."""
+    if isinstance(space, dict):
+        return ("; its `space` is a dict of other values than Optuna distributions: give each "
+                "parameter one (\"lr_per_256\": FloatDistribution(0.01, 1, log=True), "
+                "\"global_batch\": CategoricalDistribution([128, 256])), or build a SearchSpace")
+    if space is not None:
+        return f"; its `space` is a {type(space).__name__}"
+    names = [n for n in vars(module) if not n.startswith("_")]
+    spaces = [n for n in names if isinstance(getattr(module, n), SearchSpace)]
+    if spaces:
+        return f"; it defines the SearchSpace `{spaces[0]}`: name it `space`"
+    dicts = [n for n in names if isinstance(getattr(module, n), dict) and getattr(module, n)
+             and all(_is_distribution(d) for d in getattr(module, n).values())]
+    if dicts:
+        return f"; it defines the Optuna distributions `{dicts[0]}`: name the dict `space`"
+    own = getattr(module, "__name__", None)
+    functions = [n for n in names if callable(getattr(module, n))
+                 and getattr(getattr(module, n), "__module__", None) == own]
+    objectives = [n for n in functions if _takes_trial(getattr(module, n))]
+    if objectives:
+        return (f"; it defines {objectives[0]}(trial), Optuna's define-by-run style: "
+                f"{_WRITE_AS}")
+    if functions:
+        return f"; it defines {', '.join(functions[:3])}: is one of them the space?"
+    return ""
+
+
 def shipped_spaces() -> list[str]:
     """Names of the spaces in ``search_spaces/``."""
     import search_spaces
@@ -119,7 +205,12 @@ def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1,
                          f"space ({', '.join(shipped_spaces())})")
     module = _import_file(path)
     space = getattr(module, "space", None)
+    if isinstance(space, dict) and space and all(_is_distribution(d) for d in space.values()):
+        space = _from_optuna(space, path)
     if callable(space) and not isinstance(space, SearchSpace):
+        if _takes_trial(space):
+            raise SpaceError(f"{path}: space(trial) is written as Optuna's define-by-run "
+                             f"objective; {_WRITE_AS}")
         try:
             space = space(world_size, data) if _takes_data(space) else space(world_size)
         except SpaceError as e:
@@ -128,11 +219,16 @@ def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1,
         except SystemExit as e:
             raise SpaceError(f"{path}: space({world_size}) called sys.exit({e.code!r}); it "
                              "returns a SearchSpace") from None
+        except AttributeError as e:
+            if ".suggest_" in str(e) or "'suggest_" in str(e):   # trial.suggest_float(...)
+                raise SpaceError(f"{path}: space() calls an Optuna trial's suggest methods, but"
+                                 f" autotune calls it with the world size; {_WRITE_AS}") from None
+            raise SpaceError(f"{path}: space({world_size}) raised {type(e).__name__}: {e}") from e
         except Exception as e:
             raise SpaceError(f"{path}: space({world_size}) raised {type(e).__name__}: {e}") from e
     if not isinstance(space, SearchSpace):
         raise SpaceError(f"{path}: must define `space`, a SearchSpace or a function of the world"
-                         " size returning one")
+                         f" size returning one{_instead(module, space)}")
     if not space.name:
         space.name = path.stem
     space.source_file = str(path.resolve())

@@ -222,3 +222,47 @@ def test_a_study_whose_define_by_run_code_breaks_stops_in_one_line_and_fails_its
     assert [(t.state.name, t.user_attrs.get("outcome")) for t in trials] == \
         [("FAIL", "infeasible")] * 3
     assert "my code broke" in trials[0].user_attrs["detail"]
+
+
+OPTUNA_HEADER = ("from optuna.distributions import CategoricalDistribution, FloatDistribution, "
+                 "IntDistribution\n")
+
+
+def test_a_dict_of_optuna_distributions_is_a_space(tmp_path, capsys):
+    # a user coming from Optuna writes the space as Optuna's distributions
+    code, _ = _check(tmp_path, OPTUNA_HEADER + (
+        'space = {"global_batch": CategoricalDistribution([64, 128]),\n'
+        '         "lr_per_256": FloatDistribution(0.01, 1.0, log=True),\n'
+        '         "epochs": IntDistribution(2, 8, step=2)}\n'))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [line.split() for line in out.splitlines()[1:4]]
+    assert rows == [["global_batch", "one", "of", "64,", "128"],
+                    ["lr_per_256", "float", "[0.01,", "1]", "log"],
+                    ["epochs", "int", "[2,", "8]", "step", "2"]], out
+
+
+@pytest.mark.parametrize("body, expected", [
+    ('def search_space(trial):\n    return {"lr": trial.suggest_float("lr", 0.01, 1)}\n',
+     "it defines search_space(trial), Optuna's define-by-run style: define `space = "
+     "SearchSpace("),
+    ('def space(trial):\n    return {"lr": trial.suggest_float("lr", 0.01, 1)}\n',
+     "space(trial) is written as Optuna's define-by-run objective; define `space = "),
+    ('def space(x):\n    return {"lr": x.suggest_float("lr", 0.01, 1)}\n',
+     "space() calls an Optuna trial's suggest methods, but autotune calls it with the world "
+     "size"),
+    (f"my_space = SearchSpace({GOOD})\n",
+     "it defines the SearchSpace `my_space`: name it `space`"),
+    (OPTUNA_HEADER + 'SPACE = {"lr_per_256": FloatDistribution(0.01, 1.0)}\n',
+     "it defines the Optuna distributions `SPACE`: name the dict `space`"),
+    ('space = {"lr_per_256": [0.01, 0.1], "epochs": (1, 8)}\n',
+     "its `space` is a dict of other values than Optuna distributions"),
+    (OPTUNA_HEADER + 'space = {"lr_per_256": FloatDistribution(0.01, 1.0, step=0.01)}\n',
+     "lr_per_256: FloatDistribution(step=0.01) has no autotune equivalent"),
+    (OPTUNA_HEADER + 'space = {"epochs": IntDistribution(8, 2)}\n', "ValueError"),
+])
+def test_a_space_written_for_optuna_or_misnamed_is_told_what_to_write(body, expected, tmp_path,
+                                                                      capsys):
+    code, _ = _check(tmp_path, body)
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and "Traceback" not in err, err
