@@ -14,10 +14,11 @@ import optuna
 from . import record
 from ._console import Print
 from ._preflight import check_ranks, check_writable
-from .config import StudyConfig, config_changes, resolve_tracking_uri
+from .config import StudyConfig, config_changes, redact, resolve_tracking_uri
 from .errors import ConfigError, PlanError, SpaceError
 from .plan import Hardware, resolve
 from .space import DataInfo, SearchSpace, check_space, load_space
+from .store import foreign_study
 
 __all__ = ["check_resumed_config", "checked_space", "prepare"]
 
@@ -115,7 +116,12 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
 
 def check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
                           echo: Print) -> None:
-    """Refuses to resume ``study`` with a config that changes what it measures."""
+    """Refuses to resume ``study`` with a config that changes what it measures, and a study
+    that is not autotune's (``foreign_study``)."""
+    foreign = foreign_study(study)
+    if foreign:
+        raise ConfigError(f"study {cfg.study_name!r} in {redact(cfg.storage)} was not made by "
+                          f"autotune ({foreign}); set another study_name, or another storage")
     stored = study.user_attrs.get(record.STUDY_CONFIG)
     if not isinstance(stored, dict):
         return

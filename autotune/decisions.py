@@ -218,7 +218,8 @@ def elapsed_of(trial: Any) -> float | None:
     elapsed = trial.user_attrs.get(record.ELAPSED)
     if elapsed is not None:
         return float(elapsed)
-    value = getattr(trial, "value", None)
+    values = getattr(trial, "values", None)    # a multi-objective study (not autotune's): none
+    value = values[0] if values is not None and len(values) == 1 else None
     return None if value is None or not math.isfinite(value) else float(value)
 
 

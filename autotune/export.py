@@ -99,7 +99,7 @@ def curves(trials: Iterable[FrozenTrial], num_classes: int | None = None,
 def export_curves(study_name: str, storage: str, out: Path | None, every: bool = False,
                   echo: Callable[[str], None] = print) -> int:
     """Writes the study's curves to ``out`` (stdout where None), whole or not at all."""
-    from .store import load_existing_study
+    from .store import foreign_study, load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if out is not None and out.is_dir():
@@ -107,6 +107,10 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
     if out is not None and not out.parent.is_dir():
         raise ConfigError(f"--out {out}: no folder {out.parent}; create it first")
     study = load_existing_study(study_name, storage)
+    foreign = foreign_study(study)
+    if foreign:
+        raise ConfigError(f"study {study_name!r} was not made by autotune ({foreign}): it "
+                          "holds no learning curves to export")
     config = study.user_attrs.get(record.STUDY_CONFIG) or {}
     trainer = config.get("trainer") if isinstance(config, dict) else None
     classes = trainer.get("num_classes") if isinstance(trainer, dict) else None

@@ -47,7 +47,7 @@ def _workers(url: str, study: str) -> list[dict[str, Any]]:
 def list_studies(storage: str, echo: Callable[[str], None] = print) -> int:
     """Every study in ``storage``: its trials, how many reached the target, its best TTA, and
     whether it was stopped."""
-    from .store import open_storage
+    from .store import foreign_study, open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_storage(storage, create=False)
@@ -57,6 +57,9 @@ def list_studies(storage: str, echo: Callable[[str], None] = print) -> int:
     for summary in sorted(summaries, key=lambda s: s.study_name):
         study = optuna.load_study(study_name=summary.study_name, storage=store)
         trials = study.get_trials(deepcopy=False)
+        if foreign_study(study):
+            echo(f"  {summary.study_name}: {len(trials)} trial(s), not made by autotune")
+            continue
         best = record.best_reached(trials)
         running = sum(t.state.name == "RUNNING" for t in trials)
         line = (f"  {summary.study_name}: {len(trials)} trial(s), "
@@ -71,13 +74,17 @@ def list_studies(storage: str, echo: Callable[[str], None] = print) -> int:
 
 
 def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> int:
-    from .store import load_existing_study
+    from .store import foreign_study, load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = load_existing_study(study_name, storage)   # a missing study creates nothing
     trials = study.get_trials(deepcopy=False)
     now = datetime.now(UTC).replace(tzinfo=None)
     echo(f"study {study_name!r} in {redact(storage)}: {len(trials)} trial(s)")
+    foreign = foreign_study(study)
+    if foreign:   # its values are not seconds: list its trials without them
+        echo(f"not made by autotune ({foreign}): its trials are listed without times, and "
+             "`autotune start study` will not add to it")
     halted = stop_requested(study)
     if halted is not None:
         echo(f"{describe(halted)}; `autotune start study` resumes it")
@@ -89,7 +96,7 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
             started = t.datetime_start or now
             value = f"{(now - started).total_seconds():.0f} s on"
         else:
-            elapsed = elapsed_of(t)
+            elapsed = None if foreign else elapsed_of(t)
             value = "" if elapsed is None else f"{elapsed:.2f}"
         if outcome == "reached" and t.value is not None and (
                 best is None or t.value < float(best.value or 0.0)):
@@ -104,7 +111,9 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
         for w in workers:
             echo(f"  {w['name']} on {w['host']}: {w['status']}, last heartbeat "
                  f"{w['last_heartbeat']} UTC")
-    if best is None:
+    if foreign:
+        pass
+    elif best is None:
         echo("best: no trial has reached the target yet")
     else:
         echo(f"best: trial {best.number}, TTA {best.value:.2f} s")

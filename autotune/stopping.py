@@ -49,10 +49,15 @@ def clear_stop(study: optuna.Study) -> dict[str, Any] | None:
 def request_stop(study_name: str, storage: str, now: bool,
                  echo: Callable[[str], None] = print) -> int:
     """Asks every worker of ``study_name`` to stop; returns an exit code."""
-    from .store import load_existing_study
+    from .errors import ConfigError
+    from .store import foreign_study, load_existing_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = load_existing_study(study_name, storage)   # a missing study creates nothing
+    foreign = foreign_study(study)
+    if foreign:   # its own tool's workers would not read autotune's stop request
+        raise ConfigError(f"study {study_name!r} was not made by autotune ({foreign}); it has "
+                          "no autotune workers to stop, and it is left as it is")
     before = stop_requested(study)
     request = {"at": time.time(), "now": bool(now or (before or {}).get("now")),
                "host": os.uname().nodename}

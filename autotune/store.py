@@ -17,8 +17,9 @@ from optuna.trial import FrozenTrial, TrialState
 from ._channel import STATES_KEY, Address, is_server_url, open_channel, parse_address, refused
 from .config import database_url, redact, sqlite_file, sqlite_wal
 from .errors import ConfigError
+from .record import STUDY_CONFIG
 
-__all__ = ["load_existing_study", "open_storage"]
+__all__ = ["foreign_study", "load_existing_study", "open_storage"]
 
 
 def load_existing_study(study_name: str, storage: str) -> optuna.Study:
@@ -31,6 +32,24 @@ def load_existing_study(study_name: str, storage: str) -> optuna.Study:
         names = [s.study_name for s in optuna.get_all_study_summaries(store)]
         raise ConfigError(f"no study {study_name!r} in {redact(storage)}; studies there: "
                           f"{', '.join(names) or 'none'}") from e
+
+
+def foreign_study(study: optuna.Study) -> str | None:
+    """Why ``study`` is another tool's (an Optuna study of the user's own that shares the name
+    and the database), or None: autotune's studies minimize one value, and once they hold a
+    finished trial they hold autotune's config. A study autotune created and left before
+    writing its config holds no finished trial, so it is autotune's to resume."""
+    if len(study.directions) != 1:
+        directions = ", ".join(d.name.lower() for d in study.directions)
+        return f"it has {len(study.directions)} objectives ({directions}); autotune's have one"
+    if study.direction != optuna.study.StudyDirection.MINIMIZE:
+        return "it maximizes its value; autotune's minimize the time to the target"
+    if STUDY_CONFIG in study.user_attrs:
+        return None
+    ended = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    if ended:
+        return f"it holds {len(ended)} finished trial(s) and no autotune settings"
+    return None
 
 
 def storage_problem(error: BaseException, url: str) -> str:

@@ -28,7 +28,7 @@ from .modes import make_pruner, make_sampler
 from .programs import check_allowed
 from .space import SearchSpace
 from .stopping import describe, stop_requested
-from .store import open_storage
+from .store import foreign_study, open_storage
 from .tracking import Tracker
 from .trial_runner import TrialRunner
 
@@ -45,6 +45,10 @@ def _load(storage: Any, study_name: str, echo: Callable[[str], None] = print
     except KeyError as e:
         raise ConfigError(f"no study {study_name!r} there; create it with `autotune start "
                           "study FILE --workers 0`") from e
+    foreign = foreign_study(study)
+    if foreign:
+        raise ConfigError(f"study {study_name!r} was not made by autotune ({foreign}); join a "
+                          "study `autotune start study` created")
     attrs = study.user_attrs
     waited_until = time.monotonic() + CREATION_WAIT_S
     if record.STUDY_CONFIG not in attrs:   # `start study` writes it just after creating it
