@@ -3,6 +3,7 @@ anything is opened or written (``config.load`` raises the first problem in one l
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from typing import Any
@@ -40,8 +41,14 @@ def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
     found = []
     unknown = sorted(set(map(str, data)) - set(DATA_KEYS[kind]))
     if unknown:
-        found.append(("trainer.data", f"has unknown key(s) {', '.join(unknown)}; a {kind} "
-                      f"source takes {', '.join(DATA_KEYS[kind])}"))
+        near = [(k, difflib.get_close_matches(k.lower(), DATA_KEYS[kind], n=1, cutoff=0.7))
+                for k in unknown]
+        said = "; ".join(f"did you mean {m[0]}?" for _, m in near if m)
+        if "path" in unknown and kind != "imagefolder":
+            said = "; ".join(filter(None, [said, "a folder of images is kind: imagefolder"]))
+        found.append(("trainer.data", f"has unknown key(s) {', '.join(unknown)}"
+                      + (f" ({said})" if said else "") + f"; {'an' if kind[0] in 'aeiou' else 'a'}"
+                      f" {kind} source takes {', '.join(DATA_KEYS[kind])}"))
     for key, (low, high) in _DATA_RANGES.items():
         if key not in data:
             continue
@@ -114,7 +121,6 @@ def _model_names() -> list[str]:
 def _closest_models(name: str, models: Any) -> str:
     """What to write instead of the model ``name``: the names it is closest to as written
     (ResNet-50 -> resnet50), else a few common ones."""
-    import difflib
 
     squeezed = {re.sub(r"[^a-z0-9]", "", m.lower()): m for m in models}
     exact = squeezed.get(re.sub(r"[^a-z0-9]", "", name.lower()))

@@ -204,13 +204,66 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if f.name not in ("source", "base_dir")]
+
+
+# Names other tools' configs use for a key (Optuna's, Ray Tune's, MLflow's), and their place.
+_ALIASES = {"name": "study_name", "study": "study_name", "space": "search_space",
+            "storage_url": "storage", "database": "storage", "db": "storage",
+            "mlflow_uri": "tracking_uri", "mlflow_tracking_uri": "tracking_uri",
+            "tracking": "tracking_uri", "ranks": "ranks_per_trial",
+            "n_workers": "workers", "num_workers": "workers", "trials": "budget.n_trials",
+            "num_samples": "budget.n_trials", "timeout": "budget.timeout_s",
+            "time_budget_s": "budget.timeout_s", "metric": "target.metric",
+            "model_name": "trainer.model", "arch": "trainer.model",
+            "dataset": "trainer.data", "data_dir": "trainer.data.path",
+            "data_path": "trainer.data.path", "batch_size": "search_space",
+            "lr": "search_space", "learning_rate": "search_space", "epochs": "search_space"}
+
+
+def _where_key_goes(key: Any, cls: type, prefix: str) -> str | None:
+    """The place (``budget.n_trials``) a misplaced or misnamed ``key`` of section ``prefix``
+    most likely means, or None."""
+    import difflib
+
+    from ._config_checks import DATA_KEYS
+
+    text = str(key)
+    places = [f"{p}{f}" for p, c in (("", StudyConfig), *((f"{n}.", c) for n, c in
+                                                        _SECTIONS.items())) for f in _fields(c)]
+    places += sorted({f"trainer.data.{k}" for keys in DATA_KEYS.values() for k in keys})
+    alias = _ALIASES.get(text.lower())
+    if alias and alias != f"{prefix}{text}":
+        return alias
+    elsewhere = [p for p in places if p.rsplit(".", 1)[-1] == text and p != f"{prefix}{text}"]
+    if elsewhere:
+        return elsewhere[0]
+    near = difflib.get_close_matches(text.lower(), _fields(cls), n=1, cutoff=0.75)
+    return f"{prefix}{near[0]}" if near else None
+
+
 def _check_keys(data: dict[str, Any], cls: type, where: str, prefix: str) -> None:
-    allowed = [f.name for f in dataclasses.fields(cls) if f.name not in ("source", "base_dir")]
+    allowed = _fields(cls)
     unknown = sorted(set(data) - set(allowed), key=str)
     if unknown:
         names = ", ".join(f"{prefix}{k}" for k in unknown)
-        raise ConfigError(f"{where}: unknown key(s) {names}; allowed in "
+        hints = [(k, _where_key_goes(k, cls, prefix)) for k in unknown]
+        said = "; ".join(_hint(f"{prefix}{k}", place) for k, place in hints if place)
+        raise ConfigError(f"{where}: unknown key(s) {names}"
+                          + (f" ({said})" if said else "") + "; allowed in "
                           f"{prefix.rstrip('.') or 'the study file'}: {', '.join(allowed)}")
+
+
+def _hint(key: str, place: str) -> str:
+    """What to write for ``key`` where it belongs at ``place``."""
+    if place == "search_space":
+        return (f"{key} is a training parameter: the search space sets it (search_space: a "
+                "Python file; autotune space show quickstart)")
+    section, _, name = place.rpartition(".")
+    if name == key.rpartition(".")[2]:
+        return f"{name} goes under {section.replace('.', ': ')}:"
+    return f"did you mean {place}?"
 
 
 _DURATION = re.compile(r"\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*"

@@ -47,7 +47,8 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
         "vit_b_16 cannot take 40-px images"),
     "unknown data kind": ("trainer: {data: {kind: parquet}}\n", "'parquet' is not allowed"),
     "unknown data key": ("trainer: {data: {kind: digits, imagesize: 64}}\n",
-                         "unknown key(s) imagesize; a digits source takes kind, image_size"),
+                         "unknown key(s) imagesize (did you mean image_size?); a digits source "
+                         "takes kind, image_size"),
     "image_size zero": ("trainer: {data: {kind: digits, image_size: 0}}\n", "from 8 to 4096"),
     "image_size negative": ("trainer: {data: {kind: digits, image_size: -5}}\n",
                             "from 8 to 4096, got -5"),

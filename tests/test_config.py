@@ -80,7 +80,25 @@ BAD = {
     "toml syntax": (["s.toml", "x = [\n"], "s.toml", "not valid TOML"),
     "unknown key": (["s.yaml", "study_name: x\nfoo: 1\n"], "s.yaml", "unknown key(s) foo"),
     "unknown nested key": (["s.yaml", "budget: {n_trials: 2, trials: 3}\n"], "s.yaml",
-                           "unknown key(s) budget.trials"),
+                           "unknown key(s) budget.trials (did you mean budget.n_trials?); "
+                           "allowed in budget: n_trials, timeout_s, max_trial_s"),
+    # keys written where another section takes them, or as other tools name them
+    "a budget key at the top": (["s.yaml", "n_trials: 3\n"], "s.yaml",
+                                "unknown key(s) n_trials (n_trials goes under budget:)"),
+    "a data key in trainer": (["s.yaml", "trainer: {path: images}\n"], "s.yaml",
+                              "unknown key(s) trainer.path (path goes under trainer: data:)"),
+    "Optuna's name": (["s.yaml", "name: x\n"], "s.yaml",
+                      "unknown key(s) name (did you mean study_name?)"),
+    "Ray Tune's sample count": (["s.yaml", "num_samples: 20\n"], "s.yaml",
+                                "unknown key(s) num_samples (did you mean budget.n_trials?)"),
+    "a training parameter": (["s.yaml", "batch_size: 256\n"], "s.yaml",
+                             "unknown key(s) batch_size (batch_size is a training parameter: "
+                             "the search space sets it"),
+    "a misspelt key": (["s.yaml", "trainer: {modle: resnet18}\n"], "s.yaml",
+                       "unknown key(s) trainer.modle (did you mean trainer.model?)"),
+    "a path for the digits": (["s.yaml", "trainer: {data: {path: images}}\n"], "s.yaml",
+                              "unknown key(s) path (a folder of images is kind: imagefolder); "
+                              "a digits source takes"),
     "space raises": (["s.yaml", "search_space: space.py\n"], "s.yaml",
                      "raised RuntimeError: boom"),
     "space missing": (["s.yaml", "search_space: nowhere.py\n"], "s.yaml",
