@@ -63,6 +63,13 @@ def storage_problem(error: BaseException, url: str) -> str:
                 f"install the driver {scheme} URLs need, or use sqlite:///PATH (the default) "
                 "or postgresql://USER@HOST/DB (psycopg2, installed with autotune)")
     text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", " ".join(str(error).split()))
+    if "file is not a database" in text or "database disk image is malformed" in text:
+        path = sqlite_file(url)
+        shown = path if path is not None else redact(url)
+        what = "is not an SQLite database" if "not a database" in text else \
+            "is an SQLite database that is damaged (malformed)"
+        return (f"{shown} {what}; give the path of a study database autotune or Optuna wrote, "
+                "or a new file name for a new study")
     missing_db = re.search(r'database "([^"]+)" does not exist', text)
     if missing_db:   # PostgreSQL's server is up; the study's database is not made yet
         name = missing_db.group(1)
@@ -71,26 +78,44 @@ def storage_problem(error: BaseException, url: str) -> str:
     return redact(text[:300])
 
 
-def _require_existing(url: str) -> None:
-    """A one-line error, and nothing created, when the database at ``url`` holds no studies:
-    an SQLite file that is not there, or a database without Optuna's tables."""
+def _tables(url: str) -> set[str]:
+    """The tables of the database at ``url`` (a one-line ConfigError if it cannot be read)."""
     import sqlalchemy
 
-    path = sqlite_file(url)
-    if path is not None:
-        if not path.is_file():
-            raise ConfigError(f"no study database at {path}; start a study there first "
-                              "(autotune start study FILE --storage ...)")
-        return
     try:
         engine = sqlalchemy.create_engine(database_url(url))
         try:
-            has = sqlalchemy.inspect(engine).has_table("studies")
+            return set(sqlalchemy.inspect(engine).get_table_names())
         finally:
             engine.dispose()
     except Exception as e:  # noqa: BLE001 - any driver error: say it in one line
         raise ConfigError(f"cannot open storage {redact(url)!r}: {storage_problem(e, url)}") from e
-    if not has:
+
+
+# Tables that say a database is MLflow's tracking store.
+_MLFLOW_TABLES = {"experiments", "runs", "metrics", "params"}
+
+
+def _check_tables(url: str, create: bool) -> None:
+    """A one-line error, and nothing created, when the database at ``url`` holds no studies
+    and ``create`` is off (an SQLite file that is not there, or a database without Optuna's
+    tables), and when it is another application's: one that keeps an ``alembic_version``
+    table of its own (MLflow's tracking database, given as the storage by mistake), where
+    Optuna's tables would be created beside it and then refused."""
+    path = sqlite_file(url)
+    if path is not None and not path.is_file():
+        if create:
+            return
+        raise ConfigError(f"no study database at {path}; start a study there first "
+                          "(autotune start study FILE --storage ...)")
+    tables = _tables(url)
+    if "studies" not in tables and "alembic_version" in tables:
+        whose = ("MLflow's tracking database (experiments, runs)"
+                 if _MLFLOW_TABLES <= tables else "another application's database (it keeps "
+                 "an alembic_version table of its own)")
+        raise ConfigError(f"{redact(url)} is {whose}, not a study database; give the studies a "
+                          "database of their own (sqlite:///autotune.db, the default)")
+    if not create and "studies" not in tables:
         raise ConfigError(f"no autotune studies in {redact(url)} (it has no study tables); "
                           "start a study there first (autotune start study FILE --storage "
                           "...)")
@@ -122,8 +147,7 @@ def open_storage(url: str, create: bool = True) -> Any:
                               "`autotune server` running there?") from e
         return RetryingStorage(proxy,  # type: ignore[abstract]
                                f"the study server at {address}")
-    if not create:
-        _require_existing(url)
+    _check_tables(url, create)
     path = sqlite_file(url)
     if path is not None:
         folder = path.parent

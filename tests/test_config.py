@@ -318,3 +318,66 @@ def test_a_database_the_server_lacks_is_named_with_how_to_make_it(argv, postgres
     assert ('the server has no database "autotune_never_made"; create it first (createdb '
             'autotune_never_made') in err, err
     assert list(workdir.iterdir()) == []
+
+
+def _mlflow_database(path) -> None:
+    """A database laid out as MLflow's tracking store keeps it (alembic's version table,
+    experiments, runs, metrics, params)."""
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        db.execute("INSERT INTO alembic_version VALUES ('dc11669786a5')")
+        for table in ("experiments", "runs", "metrics", "params"):
+            db.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY)")
+
+
+def _tables_of(path) -> set[str]:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+@pytest.mark.parametrize("argv", [["start", "study", "quickstart"], ["status"], ["status", "x"],
+                                  ["worker", "--study", "x"]])
+def test_mlflows_database_given_as_the_storage_is_named_and_left_alone(argv, workdir, capsys):
+    # Optuna created its tables inside MLflow's database, then refused it: "the runtime optuna
+    # version 5.1.0 is no longer compatible ... pip install -U optuna"
+    _mlflow_database(workdir / "mlflow.db")
+    before = _tables_of(workdir / "mlflow.db")
+    assert main([*argv, "--storage", "sqlite:///mlflow.db"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("autotune: error: sqlite:///mlflow.db is MLflow's tracking database "
+                           "(experiments, runs), not a study database; give the studies a "
+                           "database of their own (sqlite:///autotune.db, the default)"), err
+    assert _tables_of(workdir / "mlflow.db") == before
+    assert sorted(p.name for p in workdir.iterdir()) == ["mlflow.db"]
+
+
+def _cut_database(folder) -> bytes:
+    """The first two pages of an SQLite database of many: damaged, as a copy cut short is."""
+    import sqlite3
+
+    with sqlite3.connect(folder / "whole.db") as db:
+        db.execute("PRAGMA page_size = 4096")
+        for n in range(20):
+            db.execute(f"CREATE TABLE t{n} (x TEXT)")
+            db.executemany(f"INSERT INTO t{n} VALUES (?)", [("x" * 200,)] * 100)
+    content = (folder / "whole.db").read_bytes()[:8192]
+    (folder / "whole.db").unlink()
+    return content
+
+
+@pytest.mark.parametrize("made, said", [
+    (lambda folder: b"name,accuracy\n",
+     "a.db is not an SQLite database; give the path of a study database"),
+    (_cut_database, "a.db is an SQLite database that is damaged (malformed)"),
+])
+def test_a_file_that_is_no_database_is_named_as_such(made, said, workdir, capsys):
+    content = made(workdir)
+    (workdir / "a.db").write_bytes(content)
+    assert main(["status", "--storage", "sqlite:///a.db"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and "[SQL:" not in err, err
+    assert (workdir / "a.db").read_bytes() == content
