@@ -14,7 +14,14 @@ import optuna
 from . import record
 from ._console import Print
 from ._preflight import check_ranks, check_writable
-from .config import StudyConfig, config_changes, redact, resolve_tracking_uri
+from .config import (
+    StudyConfig,
+    config_changes,
+    database_url,
+    redact,
+    resolve_tracking_uri,
+    sqlite_file,
+)
 from .errors import ConfigError, PlanError, SpaceError
 from .plan import Hardware, resolve
 from .space import DataInfo, SearchSpace, check_space, load_space
@@ -62,6 +69,7 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     """Everything that can be checked before a store is touched: the config (paths absolute,
     its data's number of classes), the search space and the number of training images."""
     cfg = _absolute_paths(_absolute_data(cfg))
+    _check_stores_apart(cfg)
     check_writable(cfg.tracking_uri, "tracking_uri")
     check_writable(cfg.run_dir, "run_dir")
     if cfg.workers >= 1:
@@ -70,6 +78,35 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     checked = checked_space(cfg)
     _check_images(checked[0])
     return checked
+
+
+def _check_stores_apart(cfg: StudyConfig) -> None:
+    """Refuses a tracking URI that names the study database, or another study database:
+    MLflow would create its tables in it, beside Optuna's, and both keep their schema version
+    in a table of one name (``alembic_version``), so the first to write it breaks the other."""
+    import sqlalchemy
+
+    tracking, _ = resolve_tracking_uri(cfg.tracking_uri)
+    mine, theirs = sqlite_file(cfg.storage), sqlite_file(tracking)
+    if mine is not None and theirs is not None:
+        same = mine.resolve() == theirs.resolve()
+    else:
+        same = database_url(cfg.storage).split("?")[0] == tracking.split("?")[0]
+    study_db = False
+    if not same and theirs is not None and theirs.is_file():
+        try:
+            engine = sqlalchemy.create_engine(f"sqlite:///{theirs}")
+            try:
+                study_db = sqlalchemy.inspect(engine).has_table("studies")
+            finally:
+                engine.dispose()
+        except Exception:  # noqa: BLE001 - not a database MLflow could use either: its own say
+            study_db = False
+    if same or study_db:
+        what = "the study database (storage)" if same else "a study database"
+        raise ConfigError(f"tracking_uri {redact(cfg.tracking_uri)} is {what}; "
+                          "MLflow keeps its records in a database of its own: leave "
+                          "tracking_uri at mlruns (the default) or name another")
 
 
 def _check_images(cfg: StudyConfig) -> None:

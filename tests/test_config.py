@@ -381,3 +381,22 @@ def test_a_file_that_is_no_database_is_named_as_such(made, said, workdir, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err and "[SQL:" not in err, err
     assert (workdir / "a.db").read_bytes() == content
+
+
+@pytest.mark.parametrize("tracking, said", [
+    ("sqlite:///autotune.db", "is the study database (storage)"),
+    ("sqlite:///./autotune.db?timeout=5", "is the study database (storage)"),
+    ("sqlite:///other.db", "is a study database"),
+])
+def test_a_tracking_uri_naming_a_study_database_is_refused(tracking, said, workdir, capsys):
+    # MLflow created its tables in the study database, failed on Optuna's schema version,
+    # and the study's records went to the outbox
+    import optuna
+
+    optuna.create_study(study_name="other", storage=f"sqlite:///{workdir}/other.db")
+    assert main(["start", "study", "quickstart", "--tracking-uri", tracking]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"autotune: error: tracking_uri {tracking} {said}; MLflow keeps its "
+                           "records in a database of its own: leave tracking_uri at mlruns "
+                           "(the default) or name another"), err
+    assert sorted(p.name for p in workdir.iterdir()) == ["other.db"]
