@@ -10,9 +10,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from .config import resolve_tracking_uri, sqlite_file
 from .errors import ConfigError
+from .record import STUDY_CONFIG
 
 __all__ = ["experiment_url", "serve"]
 
@@ -53,6 +55,49 @@ def _require_answer(uri: str, timeout_s: float = 5.0) -> None:
                           "or give --tracking-uri the folder of a local store") from None
 
 
+def _require_mlflow_store(store: Path, tracking_uri: str) -> None:
+    """A one-line error, before MLflow opens (and would migrate) it, when the SQLite file
+    ``store`` is not an MLflow store: a study database (the study's own tracking URI named,
+    where it says one), another application's database, or no database at all."""
+    import sqlite3
+
+    try:
+        db = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            kept: list[str] = []
+            if "studies" in tables and "study_user_attributes" in tables:
+                kept = [r[0] for r in db.execute(
+                    "SELECT value_json FROM study_user_attributes WHERE key = ?",
+                    (STUDY_CONFIG,))]
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as e:
+        raise ConfigError(f"--tracking-uri {tracking_uri} is not an MLflow store ({e}); give "
+                          "the study's tracking_uri (mlruns, the default)") from None
+    if not tables or "experiments" in tables:
+        return
+    if "studies" in tables:
+        uris = sorted({str(c.get("tracking_uri")) for c in map(_json, kept)
+                       if isinstance(c, dict) and c.get("tracking_uri")})
+        hint = (f"its studies' records are at {uris[0]}: autotune ui --tracking-uri {uris[0]}"
+                if len(uris) == 1 else "give the study's tracking_uri (mlruns, the default)")
+        raise ConfigError(f"--tracking-uri {tracking_uri} is a study database, not an MLflow "
+                          f"store; {hint}")
+    raise ConfigError(f"--tracking-uri {tracking_uri} holds another application's tables, no "
+                      "MLflow records; give the study's tracking_uri (mlruns, the default)")
+
+
+def _json(text: str) -> object:
+    import json
+
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None
+
+
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -80,6 +125,8 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
     if store is not None and not store.is_file():
         raise ConfigError(f"no MLflow store at {tracking_uri}; run a study first, or give "
                           "--tracking-uri")
+    if store is not None:
+        _require_mlflow_store(store, tracking_uri)
     exp = _experiment_id(uri, study)
     base = f"http://{host}:{port}"
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,

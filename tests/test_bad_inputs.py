@@ -452,3 +452,35 @@ def test_a_usage_mistake_is_told_in_one_line_that_points_at_help(case, workdir, 
     assert err.count("\n") == 1 and "usage:" not in err, err
     assert err.startswith(expected) and err.rstrip().endswith("--help)"), err
     assert _snapshot(workdir) == before
+
+
+@pytest.mark.parametrize("what", ["study database", "not a database", "another application"])
+def test_ui_on_a_database_that_is_no_mlflow_store_names_it_and_leaves_it_alone(what, workdir,
+                                                                             capsys):
+    # MLflow's UI migrated the study database (its tables beside Optuna's), then ended in a
+    # traceback: "Can't locate revision identified by ..."
+    import sqlite3
+
+    import optuna
+
+    from autotune import record
+
+    path = workdir / "a.db"
+    if what == "study database":
+        study = optuna.create_study(study_name="s", storage=f"sqlite:///{path}")
+        study.set_user_attr(record.STUDY_CONFIG, {"tracking_uri": "/srv/records/mlruns"})
+        said = ("is a study database, not an MLflow store; its studies' records are at "
+                "/srv/records/mlruns: autotune ui --tracking-uri /srv/records/mlruns")
+    elif what == "not a database":
+        path.write_text("step,top1\n")
+        said = "is not an MLflow store (file is not a database)"
+    else:
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        said = "holds another application's tables, no MLflow records"
+    before = path.read_bytes()
+    assert main(["ui", "--tracking-uri", "sqlite:///a.db"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--tracking-uri sqlite:///a.db {said}" in err, err
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in workdir.iterdir()) == ["a.db"]
