@@ -12,7 +12,7 @@ from trainers.augment import AUGMENTATIONS
 from trainers.protocol import ZERO_INIT_MODELS
 from trainers.sources import image_size_of
 
-from .config import NAME, StudyConfig
+from .config import NAME, StudyConfig, storage_url_problem
 from .errors import ConfigError
 
 __all__ = ["problems", "cadence_warning", "DATA_KEYS"]
@@ -209,9 +209,8 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
               or cfg.trainer.model.startswith(ZERO_INIT_MODELS), "trainer.zero_init_residual",
               f"applies to the ResNet family (resnet*, resnext*, wide_resnet*); "
               f"{cfg.trainer.model} has no residual blocks to zero-initialize: set it false")
-    check(bool(re.match(r"^[a-z][a-z0-9+]*://", cfg.storage)), "storage",
-          f"{cfg.storage!r} is not a database URL; use for example sqlite:///autotune.db or "
-          "postgresql://user@host/db")
+    storage = storage_url_problem(cfg.storage)
+    check(storage is None, "storage", str(storage))
     return found
 
 

@@ -400,11 +400,23 @@ def sqlite_wal(url: str) -> None:
         pass
 
 
+def storage_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a database URL (None when it looks like one); a path to an SQLite
+    file is told its URL."""
+    if re.match(r"^[a-z][a-z0-9+]*://", url):
+        return None
+    if url.lower().endswith((".db", ".sqlite", ".sqlite3")) or Path(url).expanduser().is_file():
+        return (f"{url!r} is a file's path, not a database URL; for an SQLite file write "
+                f"sqlite:///{url}")
+    return (f"{url!r} is not a database URL; use for example sqlite:///autotune.db or "
+            "postgresql://user@host/db")
+
+
 def validate_storage_url(url: str, where: str) -> None:
     """A one-line error unless ``url`` looks like a database URL."""
-    if not re.match(r"^[a-z][a-z0-9+]*://", url):
-        raise ConfigError(f"{where} {url!r} is not a database URL; use for example "
-                          "sqlite:///autotune.db or postgresql://user@host/db")
+    problem = storage_url_problem(url)
+    if problem:
+        raise ConfigError(f"{where} {problem}")
 
 
 def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:

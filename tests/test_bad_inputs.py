@@ -207,7 +207,8 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "pruner margin below 1": ("pruner_margin: 0.5\n", "pruner_margin must be >= 1.0"),
     "warm_start text": ("warm_start: maybe\n", "warm_start must be true or false"),
     "unknown top key": ("studyname: x\n", "unknown key(s) studyname"),
-    "storage not a URL": ("storage: study.db\n", "is not a database URL"),
+    "storage not a URL": ("storage: study.db\n", "is a file's path, not a database URL; for "
+                          "an SQLite file write sqlite:///study.db"),
     "storage unknown scheme": ("storage: nosuch://x\n", "cannot open storage 'nosuch://x'"),
     "storage server without port": ("storage: autotune://host\n", "must be HOST:PORT"),
     "storage server port too high": ("storage: autotune://127.0.0.1:70000\n",
@@ -321,7 +322,7 @@ FLAGS = {
     "workers beyond the cores": (["--workers", "64"], "or --oversubscribe"),
     "study-name with a space": (["--study-name", "a b"], "--study-name 'a b' must be"),
     "study-name too long": (["--study-name", "x" * 101], "must be 1-100 letters"),
-    "storage a path": (["--storage", "study.db"], "--storage 'study.db' is not a database"),
+    "storage a path": (["--storage", "study.db"], "--storage 'study.db' is a file's path, not a database"),
     "storage in a missing folder": (["--storage", "sqlite:///nofolder/study.db"],
                                     "no folder nofolder; create it first"),
     "storage server without port": (["--storage", "autotune://h"], "must be HOST:PORT"),
@@ -369,7 +370,7 @@ VERBS = {
                                         "must be HOST:PORT"),
     "status on a server that is down": (["status", "x", "--storage", "autotune://127.0.0.1:1"],
                                         "cannot reach the study server"),
-    "status on a path": (["status", "x", "--storage", "study.db"], "is not a database URL"),
+    "status on a path": (["status", "x", "--storage", "study.db"], "write sqlite:///study.db"),
     "status on a database whose driver is missing": (
         ["status", "x", "--storage", "postgresql+pg8000://u@h/db"],
         "(Python module pg8000) is not installed"),

@@ -152,7 +152,9 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(case, workdir, capsys)
     (["--max-trial-seconds", "0"], "--max-trial-seconds must be positive"),
     (["--workers", "-1"], "--workers must be 0 or more"),
     (["--study-name", "a b"], "--study-name 'a b' must be"),
-    (["--storage", "study.db"], "--storage 'study.db' is not a database URL"),
+    (["--storage", "study.db"], "--storage 'study.db' is a file's path, not a database URL; "
+                                  "for an SQLite file write sqlite:///study.db"),
+    (["--storage", "studies"], "--storage 'studies' is not a database URL; use for example"),
 ])
 def test_bad_flags_name_the_flag(flags, expected, workdir, capsys):
     assert main(["start", "study", "quickstart", *flags]) == 2
