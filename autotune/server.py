@@ -36,7 +36,7 @@ from ._control_loop import ControlLoop
 from ._retry import RetryingStorage
 from .config import database_url, redact
 from .errors import ConfigError
-from .store import storage_problem
+from .store import check_database, storage_problem
 
 __all__ = ["serve", "open_database"]
 
@@ -237,6 +237,7 @@ def serve(storage_url: str, host: str, port: int, echo: Callable[[str], None] = 
               "no TLS: the secret and the studies cross the network in the clear; give it "
               "--tls-cert and --tls-key", file=sys.stderr)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_database(storage_url, create=True)   # MLflow's database given as the storage
     try:
         storage = open_database(storage_url)
         storage.get_all_studies()

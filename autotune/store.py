@@ -19,7 +19,7 @@ from .config import database_url, redact, sqlite_file, sqlite_wal
 from .errors import ConfigError
 from .record import STUDY_CONFIG
 
-__all__ = ["foreign_study", "load_existing_study", "open_storage"]
+__all__ = ["check_database", "foreign_study", "load_existing_study", "open_storage"]
 
 
 def load_existing_study(study_name: str, storage: str) -> optuna.Study:
@@ -96,7 +96,7 @@ def _tables(url: str) -> set[str]:
 _MLFLOW_TABLES = {"experiments", "runs", "metrics", "params"}
 
 
-def _check_tables(url: str, create: bool) -> None:
+def check_database(url: str, create: bool) -> None:
     """A one-line error, and nothing created, when the database at ``url`` holds no studies
     and ``create`` is off (an SQLite file that is not there, or a database without Optuna's
     tables), and when it is another application's: one that keeps an ``alembic_version``
@@ -147,7 +147,7 @@ def open_storage(url: str, create: bool = True) -> Any:
                               "`autotune server` running there?") from e
         return RetryingStorage(proxy,  # type: ignore[abstract]
                                f"the study server at {address}")
-    _check_tables(url, create)
+    check_database(url, create)
     path = sqlite_file(url)
     if path is not None:
         folder = path.parent

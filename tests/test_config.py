@@ -342,7 +342,7 @@ def _tables_of(path) -> set[str]:
 
 
 @pytest.mark.parametrize("argv", [["start", "study", "quickstart"], ["status"], ["status", "x"],
-                                  ["worker", "--study", "x"]])
+                                  ["worker", "--study", "x"], ["server"]])
 def test_mlflows_database_given_as_the_storage_is_named_and_left_alone(argv, workdir, capsys):
     # Optuna created its tables inside MLflow's database, then refused it: "the runtime optuna
     # version 5.1.0 is no longer compatible ... pip install -U optuna"
