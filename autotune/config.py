@@ -150,10 +150,12 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
         raise ConfigError(f"study file {source!r} not found; give a YAML or TOML file or a "
                           f"shipped study ({names})")
     try:
-        # utf-8-sig: a byte-order mark, as Notepad writes one, is read past (TOML refuses it)
-        text = path.read_text(encoding="utf-8-sig")
+        # utf-8-sig: a byte-order mark, as Notepad writes one, is read past (TOML refuses it);
+        # UTF-16 with its mark, as PowerShell's `>` writes a file, is read as such
+        raw = path.read_bytes()
+        text = raw.decode("utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        reason = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else \
+        reason = "not UTF-8 (or UTF-16) text" if isinstance(e, UnicodeDecodeError) else \
             (e.strerror or str(e))
         raise ConfigError(f"study file {source!r} cannot be read: {reason}") from None
     suffix = path.suffix.lower()        # STUDY.YAML, as some editors save it

@@ -46,6 +46,18 @@ def test_a_study_file_saved_with_a_byte_order_mark_loads(tmp_path):
         assert config.load(str(path)).target == config.Target("top5", 0.93)
 
 
+def test_a_study_file_written_as_utf16_loads(tmp_path):
+    """PowerShell's `>` writes UTF-16 with a byte-order mark (`echo "..." > study.yaml`)."""
+    for name, text, order in (("c.yaml", "target: {metric: top5, value: 0.93}\r\n", "utf-16"),
+                              ("c.toml", "[target]\nmetric = 'top5'\nvalue = 0.93\n",
+                               "utf-16-be")):
+        data = text.encode(order)
+        if order == "utf-16-be":
+            data = b"\xfe\xff" + data
+        (tmp_path / name).write_bytes(data)
+        assert config.load(str(tmp_path / name)).target == config.Target("top5", 0.93)
+
+
 def test_a_json_study_file_and_an_upper_case_suffix_load(tmp_path):
     """JSON is YAML (a study file a script wrote with json.dump), and STUDY.YAML is a YAML
     file whatever the case of its suffix; its name is the study's."""
