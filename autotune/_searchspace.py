@@ -299,7 +299,11 @@ def _load_function(file: str | None, name: str) -> DefineByRun:
 def _import_file(path: Path) -> Any:
     spec = importlib.util.spec_from_file_location(f"autotune_space_{path.stem}", path)
     if spec is None or spec.loader is None:
-        raise SpaceError(f"{path}: cannot be imported as a Python file")
+        if path.suffix.lower() in (".yaml", ".yml", ".toml", ".json"):
+            raise SpaceError(f"{path} is a study file, not a search space: a search space is "
+                             "a Python file (.py) defining `space`, or a shipped space's name")
+        raise SpaceError(f"{path}: cannot be imported as a Python file; a search space is a "
+                         ".py file defining `space`, or a shipped space's name")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

@@ -164,6 +164,11 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
             data = tomllib.loads(text)
         elif suffix in (".yaml", ".yml", ".json"):   # JSON is YAML, and read as YAML reads it
             data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no tags run code
+        elif suffix == ".py":
+            raise ConfigError(f"{path} is a Python file; a study file is YAML or TOML (.yaml, "
+                              f".yml, .toml, .json): name a search space in it as "
+                              f"`search_space: {path.name}`, or a trainer as "
+                              f"`trainer: {{program: {path.name}}}`")
         else:
             raise ConfigError(f"{path}: unknown file type {path.suffix!r}; use .yaml, .yml, "
                               ".toml or .json")

@@ -266,3 +266,19 @@ def test_a_space_written_for_optuna_or_misnamed_is_told_what_to_write(body, expe
     code, _ = _check(tmp_path, body)
     err = capsys.readouterr().err
     assert code == 2 and expected in err and "Traceback" not in err, err
+
+
+def test_a_study_file_or_a_space_file_given_for_the_other_is_named(tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.py").write_text(HEADER + f"space = SearchSpace({GOOD})\n")
+    (tmp_path / "inner.yaml").write_text("budget: {n_trials: 1}\n")
+    (tmp_path / "s.yaml").write_text("search_space: inner.yaml\n")
+    assert main(["start", "study", "space.py"]) == 2
+    assert ("space.py is a Python file; a study file is YAML or TOML (.yaml, .yml, .toml, "
+            ".json): name a search space in it as `search_space: space.py`"
+            ) in capsys.readouterr().err
+    assert main(["start", "study", "s.yaml"]) == 2
+    assert ("inner.yaml is a study file, not a search space: a search space is a Python file "
+            "(.py) defining `space`") in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inner.yaml", "s.yaml", "space.py"]
