@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -67,19 +68,39 @@ def deepspeed_command(script: Path, plan_path: Path, report_to: str, *, ranks: i
 
 def read_hostfile(path: Path) -> list[tuple[str, int]]:
     """(host, slots) per line of a DeepSpeed hostfile (``host slots=N``), in order."""
-    hosts = []
+    hosts: list[tuple[str, int]] = []
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        parts = line.split()
-        slots = [p for p in parts[1:] if p.startswith("slots=")]
-        if len(parts) != 2 or not slots or not slots[0][6:].isdigit() or int(slots[0][6:]) < 1:
-            raise LaunchError(f"{path}:{number}: {raw.strip()!r} is not 'HOST slots=N'")
-        hosts.append((parts[0], int(slots[0][6:])))
+        # DeepSpeed's own reading: the host, then slots=N; what follows (OpenMPI's
+        # max_slots=M) is left alone, as its runner leaves it
+        match = re.match(r"^(\S+)\s+slots=(\d+)(\s|$)", line)
+        if match is None or int(match.group(2)) < 1:
+            raise LaunchError(f"{path}:{number}: {raw.strip()!r} is not 'HOST slots=N'"
+                              f"{_hostfile_hint(line)}")
+        host, slots = match.group(1), int(match.group(2))
+        if any(host == h for h, _ in hosts):
+            raise LaunchError(f"{path}:{number}: {host} is listed twice; give each node one "
+                              "line, with all its slots")
+        hosts.append((host, slots))
     if not hosts:
         raise LaunchError(f"{path}: no hosts; write one 'HOST slots=N' line per node")
     return hosts
+
+
+def _hostfile_hint(line: str) -> str:
+    """What the hostfile line ``line``, written for another launcher, means in DeepSpeed's."""
+    first = line.split()[0]
+    if re.fullmatch(r"[^\s:]+:\d+", first):                      # MPICH's host:N
+        host, _, n = first.rpartition(":")
+        return f" (MPICH's form): write '{host} slots={n}'"
+    if "[" in first and "]" in first:                            # Slurm's node list
+        return (" (a Slurm node list): expand it (scontrol show hostnames) and write one "
+                "'HOST slots=N' line per node")
+    if len(line.split()) == 1:
+        return f": write '{first} slots=N', N the ranks (GPUs) on that node"
+    return ""
 
 
 def multinode_commands(script: Path, plan_path: Path, report_to: str, *, hostfile: Path,

@@ -84,6 +84,28 @@ def test_a_bad_hostfile_names_the_line(tmp_path, text):
 
 
 
+def test_an_openmpi_hostfile_reads_as_deepspeed_reads_it(tmp_path):
+    # DeepSpeed's runner takes `host slots=N` and leaves what follows; autotune refused it
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("gpu-a slots=8 max_slots=8\ngpu-b slots=4\n")
+    assert read_hostfile(hostfile) == [("gpu-a", 8), ("gpu-b", 4)]
+
+
+@pytest.mark.parametrize("text, said", [
+    ("gpu-a:8\n", "'gpu-a:8' is not 'HOST slots=N' (MPICH's form): write 'gpu-a slots=8'"),
+    ("gpu-[01-04]\n", "(a Slurm node list): expand it (scontrol show hostnames)"),
+    ("gpu-a\n", "'gpu-a' is not 'HOST slots=N': write 'gpu-a slots=N', N the ranks"),
+    ("gpu-a slots=4\ngpu-a slots=4\n", "hostfile:2: gpu-a is listed twice; give each node "
+     "one line"),
+])
+def test_a_hostfile_for_another_launcher_is_told_the_line_to_write(tmp_path, text, said):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(text)
+    with pytest.raises(LaunchError) as e:
+        read_hostfile(hostfile)
+    assert said in str(e.value)
+
+
 def test_a_worker_with_a_hostfile_launches_each_trial_across_its_nodes_over_ssh(tmp_path):
     from autotune.config import StudyConfig
     from autotune.space import load_space
