@@ -7,6 +7,7 @@ compared with this one."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import optuna
@@ -17,7 +18,6 @@ from ._preflight import check_ranks, check_writable
 from .config import (
     StudyConfig,
     config_changes,
-    database_url,
     redact,
     resolve_tracking_uri,
     sqlite_file,
@@ -90,8 +90,8 @@ def _check_stores_apart(cfg: StudyConfig) -> None:
     mine, theirs = sqlite_file(cfg.storage), sqlite_file(tracking)
     if mine is not None and theirs is not None:
         same = mine.resolve() == theirs.resolve()
-    else:
-        same = database_url(cfg.storage).split("?")[0] == tracking.split("?")[0]
+    else:   # one database server's URLs, the driver (postgresql+psycopg2) and options aside
+        same = _bare(cfg.storage) == _bare(tracking)
     study_db = False
     if not same and theirs is not None and theirs.is_file():
         try:
@@ -107,6 +107,10 @@ def _check_stores_apart(cfg: StudyConfig) -> None:
         raise ConfigError(f"tracking_uri {redact(cfg.tracking_uri)} is {what}; "
                           "MLflow keeps its records in a database of its own: leave "
                           "tracking_uri at mlruns (the default) or name another")
+
+
+def _bare(url: str) -> str:
+    return re.sub(r"^([a-z]+)\+[a-z0-9]+://", r"\1://", url).split("?")[0].rstrip("/")
 
 
 def _check_images(cfg: StudyConfig) -> None:

@@ -401,6 +401,8 @@ def test_a_file_that_is_no_database_is_named_as_such(made, said, workdir, capsys
     ("sqlite:///autotune.db", "is the study database (storage)"),
     ("sqlite:///./autotune.db?timeout=5", "is the study database (storage)"),
     ("sqlite:///other.db", "is a study database"),
+    ("postgresql+psycopg2://u@127.0.0.1:1/studies?sslmode=disable",
+     "is the study database (storage)"),
 ])
 def test_a_tracking_uri_naming_a_study_database_is_refused(tracking, said, workdir, capsys):
     # MLflow created its tables in the study database, failed on Optuna's schema version,
@@ -408,7 +410,9 @@ def test_a_tracking_uri_naming_a_study_database_is_refused(tracking, said, workd
     import optuna
 
     optuna.create_study(study_name="other", storage=f"sqlite:///{workdir}/other.db")
-    assert main(["start", "study", "quickstart", "--tracking-uri", tracking]) == 2
+    storage = (["--storage", "postgresql://u@127.0.0.1:1/studies"]
+               if tracking.startswith("postgresql") else [])
+    assert main(["start", "study", "quickstart", "--tracking-uri", tracking, *storage]) == 2
     err = capsys.readouterr().err
     assert err.strip() == (f"autotune: error: tracking_uri {tracking} {said}; MLflow keeps its "
                            "records in a database of its own: leave tracking_uri at mlruns "
