@@ -123,7 +123,10 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
                       best_model="" if best is None or best.user_attrs.get(record.OUTCOME)
                       != "reached" else str(best.user_attrs.get(record.MODEL) or ""))
     if not tracker.close(timeout_s=60):
-        echo(f"MLflow at {tracker.uri} is unreachable: {tracker.outbox.pending} record(s) wait "
+        why = tracker.outbox.last_error or ""
+        state = (f"did not take the records ({why})" if "MLflow's trash" in why
+                 else "is unreachable")
+        echo(f"MLflow at {tracker.uri} {state}: {tracker.outbox.pending} record(s) wait "
              f"in {tracker.outbox.spool}; the next run of this study delivers them")
     echo("review the study in the MLflow UI:")
     echo(f"  {ui_command(cfg.tracking_uri, cfg.study_name)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,21 @@ __all__ = ["Outbox", "RUN_KEY_TAG"]
 log = logging.getLogger(__name__)
 RUN_KEY_TAG = "autotune.run_key"
 _MAX_BACKOFF_S = 30.0
+
+
+class DeletedExperiment(RuntimeError):
+    """The study's MLflow experiment is in MLflow's trash."""
+
+
+def deleted_experiment(name: str, experiment_id: str, uri: str | None = None) -> str:
+    """What to do about the study's experiment ``name`` found in MLflow's trash, with the
+    commands for the store at ``uri`` where it is known."""
+    env = f"MLFLOW_TRACKING_URI={shlex.quote(uri)} " if uri else ""
+    store = f" --backend-store-uri {shlex.quote(uri)}" if uri else ""
+    return (f"the MLflow experiment {name!r} is deleted (in MLflow's trash): restore it "
+            f"({env}mlflow experiments restore -x {experiment_id}), delete it for good "
+            f"({env}mlflow gc{store} --experiment-ids {experiment_id}), or give the study "
+            "another study_name")
 
 
 class Outbox:
@@ -45,6 +61,7 @@ class Outbox:
         self._pending: list[dict[str, Any]] = self._load()
         self._runs: dict[str, str] = {}
         self._failing_since: float | None = None
+        self.last_error: str | None = None   # why the latest delivery failed
         self._closed = False
         self._thread = threading.Thread(target=self._deliver_forever, daemon=True,
                                         name="autotune-mlflow")
@@ -116,6 +133,7 @@ class Outbox:
             try:
                 self._apply(op)
             except Exception as e:  # noqa: BLE001 - MLflow down or refusing: retry later
+                self.last_error = " ".join(str(e).split())[:300]
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
                     log.warning("MLflow is unreachable (%s); records are kept in %s and "
@@ -131,6 +149,7 @@ class Outbox:
                 log.warning("MLflow is back after %.0f s; delivering the kept records",
                             time.monotonic() - self._failing_since)
                 self._failing_since = None
+            self.last_error = None
             backoff = 0.5
             with self._lock:
                 self._pending.pop(0)
@@ -161,9 +180,13 @@ class Outbox:
         return self._runs[key]
 
     def experiment_id(self) -> str:
-        """The study's experiment, created on first use."""
+        """The study's experiment, created on first use. One in MLflow's trash (deleted in
+        its UI) takes no run: ``DeletedExperiment`` says so, and the records wait."""
         if self._experiment_id is None:
             exp = self._client.get_experiment_by_name(self._experiment)
+            if exp is not None and getattr(exp, "lifecycle_stage", "active") == "deleted":
+                raise DeletedExperiment(deleted_experiment(self._experiment,
+                                                           str(exp.experiment_id)))
             if exp is not None:
                 self._experiment_id = str(exp.experiment_id)
             else:

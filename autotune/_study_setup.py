@@ -70,6 +70,7 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     its data's number of classes), the search space and the number of training images."""
     cfg = _absolute_paths(_absolute_data(cfg))
     _check_stores_apart(cfg)
+    _check_experiment(cfg)
     check_writable(cfg.tracking_uri, "tracking_uri")
     check_writable(cfg.run_dir, "run_dir")
     if cfg.workers >= 1:
@@ -107,6 +108,32 @@ def _check_stores_apart(cfg: StudyConfig) -> None:
         raise ConfigError(f"tracking_uri {redact(cfg.tracking_uri)} is {what}; "
                           "MLflow keeps its records in a database of its own: leave "
                           "tracking_uri at mlruns (the default) or name another")
+
+
+def _check_experiment(cfg: StudyConfig) -> None:
+    """Refuses a study whose MLflow experiment is in MLflow's trash (deleted in its UI), where
+    a local store says so at once (read-only, without MLflow): MLflow takes no run in it, and
+    the study's records would wait for good. A tracking server is asked by the records' own
+    delivery, which says the same."""
+    import sqlite3
+
+    from ._outbox import deleted_experiment
+
+    uri = resolve_tracking_uri(cfg.tracking_uri)[0]
+    db = sqlite_file(uri)
+    if db is None or not db.is_file():
+        return
+    try:
+        conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT experiment_id, lifecycle_stage FROM experiments WHERE "
+                               "name = ?", (cfg.study_name,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return   # not readable so: MLflow's own client says what is wrong, when it records
+    if row is not None and row[1] == "deleted":
+        raise ConfigError(deleted_experiment(cfg.study_name, str(row[0]), uri))
 
 
 def _bare(url: str) -> str:

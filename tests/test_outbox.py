@@ -122,3 +122,23 @@ def test_processes_that_open_a_new_local_store_at_once_all_get_it_whole(tmp_path
     assert [p.returncode for p in procs] == [0] * 4, [err[-800:] for _, err in results]
     names = {e.name for e in MlflowClient(tracking_uri=store).search_experiments()}
     assert {f"study-{i}" for i in range(4)} <= names
+
+
+def test_an_experiment_in_mlflows_trash_keeps_the_records_and_says_why(tmp_path):
+    # a deleted experiment takes no run: the records waited, and the study called MLflow
+    # "unreachable" while it answered every call
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=store)
+    client.delete_experiment(client.create_experiment("study-x"))
+    spool = tmp_path / "outbox.jsonl"
+    box = Outbox(lambda: client, spool, "study-x")
+    for op in ops(2):
+        box.submit(op)
+    assert not box.close(timeout_s=3)
+    assert len(spool.read_text().splitlines()) == 5
+    assert box.last_error is not None and box.last_error.startswith(
+        "the MLflow experiment 'study-x' is deleted (in MLflow's trash): restore it (mlflow "
+        "experiments restore -x 1)"), box.last_error
+    client.restore_experiment("1")                      # restored: the next run delivers
+    assert Outbox(lambda: client, spool, "study-x").close(timeout_s=60)
+    assert len(client.search_runs(["1"])) == 2
