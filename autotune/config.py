@@ -474,7 +474,9 @@ def default_space(trainer: Any) -> str:
     return "quickstart" if kind == "digits" else "images"
 
 
-_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^@/\s]+)@")
+# The secret runs to the authority's last "@": a password written with an "@" of its own
+# (p@ss, not percent-encoded) is hidden whole, not cut at its own "@".
+_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^/\s]+)@")
 
 
 def redact(text: str) -> str:

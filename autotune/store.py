@@ -70,6 +70,11 @@ def storage_problem(error: BaseException, url: str) -> str:
             "is an SQLite database that is damaged (malformed)"
         return (f"{shown} {what}; give the path of a study database autotune or Optuna wrote, "
                 "or a new file name for a new study")
+    authority = url.partition("://")[2].partition("/")[0]
+    if authority.count("@") > 1:   # p@ss written as it is: the host became "ss@host"
+        return ("the URL's password holds an '@' (or its user name does): write it "
+                "percent-encoded, '@' as %40 (postgresql://user:p%40ss@host/db), as URLs "
+                "take it")
     missing_db = re.search(r'database "([^"]+)" does not exist', text)
     if missing_db:   # PostgreSQL's server is up; the study's database is not made yet
         name = missing_db.group(1)

@@ -23,6 +23,22 @@ def test_redact_hides_every_urls_password_and_nothing_else():
         assert redact(plain) == plain
 
 
+def test_a_password_written_with_an_at_sign_is_hidden_whole_and_told_how_to_write(
+        tmp_path, capsys):
+    # redact cut the password at its own "@" and printed the rest ("bob:***@Pa55@db"), in the
+    # error psycopg2 gave for the host it then read ("Pa55@db")
+    from autotune.cli import main
+
+    assert redact("postgresql://bob:s3cret@Pa55@db:5432/studies") == \
+        "postgresql://bob:***@db:5432/studies"
+    url = "postgresql://bob:s3cret@Pa55@127.0.0.1:1/studies"
+    assert main(["status", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert "Pa55" not in err and "s3cret" not in err, err
+    assert "the URL's password holds an '@' (or its user name does): write it " \
+        "percent-encoded, '@' as %40" in err, err
+
+
 @pytest.mark.postgres
 def test_no_output_record_or_stored_config_holds_the_password(postgres, tmp_path):
     plain = postgres.database()                       # trust authentication: any password
