@@ -201,8 +201,14 @@ def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1,
     elif not path.is_absolute():
         path = Path(base_dir) / path
     if not path.is_file():
-        raise SpaceError(f"search space {ref!r} not found; give a Python file or a shipped "
-                         f"space ({', '.join(shipped_spaces())})")
+        import difflib
+
+        shipped = shipped_spaces()
+        stem = Path(ref).name.lower().removesuffix(".py")
+        near = [stem] if stem in shipped else difflib.get_close_matches(stem, shipped, n=2)
+        hint = f" (did you mean the shipped space {' or '.join(near)}?)" if near else ""
+        raise SpaceError(f"search space {ref!r} not found{hint}; give a Python file or a "
+                         f"shipped space ({', '.join(shipped)})")
     module = _import_file(path)
     space = getattr(module, "space", None)
     if isinstance(space, dict) and space and all(_is_distribution(d) for d in space.values()):

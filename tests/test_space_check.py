@@ -282,3 +282,16 @@ def test_a_study_file_or_a_space_file_given_for_the_other_is_named(tmp_path, cap
     assert ("inner.yaml is a study file, not a search space: a search space is a Python file "
             "(.py) defining `space`") in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inner.yaml", "s.yaml", "space.py"]
+
+
+@pytest.mark.parametrize("ref, said", [
+    ("quickstart.py", "(did you mean the shipped space quickstart?)"),
+    ("Quickstart", "(did you mean the shipped space quickstart?)"),
+    ("resnet50_imagenet", "(did you mean the shipped space resnet50_imagenet_"),
+])
+def test_a_shipped_space_named_almost_right_is_told_its_name(ref, said, tmp_path, capsys,
+                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["space", "show", ref]) == 2
+    err = capsys.readouterr().err
+    assert f"search space {ref!r} not found {said}" in err, err
