@@ -89,6 +89,9 @@ def test_a_local_store_directory_becomes_sqlite_plus_artifacts(tmp_path):
 BAD = {
     "missing file": ([], "nope.yaml", "study file 'nope.yaml' not found"),
     "yaml syntax": (["s.yaml", "study_name: x\n  bad: [\n"], "s.yaml", "not valid YAML"),
+    "a shipped study named almost right": (
+        [], "Quickstart.yaml", "study file 'Quickstart.yaml' not found (did you mean the shipped "
+        "study quickstart?)"),
     "toml syntax": (["s.toml", "x = [\n"], "s.toml", "not valid TOML"),
     "unknown key": (["s.yaml", "study_name: x\nfoo: 1\n"], "s.yaml", "unknown key(s) foo"),
     "unknown nested key": (["s.yaml", "budget: {n_trials: 2, trials: 3}\n"], "s.yaml",
