@@ -76,19 +76,35 @@ def add_control_service(server: Any, registry: Registry) -> None:
     server.add_generic_rpc_handlers((handler,))
 
 
+class NoControlChannel(RuntimeError):
+    """The server answers Optuna's storage calls but not autotune's control channel."""
+
+
 class ControlClient:
     """The registry's calls, made on a study server's control channel."""
 
     def __init__(self, host: str, port: int, timeout_s: float = 10.0) -> None:
         from ._channel import Address, open_channel
 
+        self._address = f"{host}:{port}"
         self._channel = open_channel(Address(host, port))
         self._call = self._channel.unary_unary(_METHOD)
         self._timeout_s = timeout_s
 
     def _remote(self, method: str, **args: Any) -> Any:
-        reply = self._call(json.dumps({"method": method, "args": args}).encode(),
-                           timeout=self._timeout_s)
+        import grpc
+
+        try:
+            reply = self._call(json.dumps({"method": method, "args": args}).encode(),
+                               timeout=self._timeout_s)
+        except grpc.RpcError as e:
+            code = e.code() if callable(getattr(e, "code", None)) else None
+            if code == grpc.StatusCode.UNIMPLEMENTED:   # Optuna's own gRPC proxy
+                raise NoControlChannel(
+                    f"the server at {self._address} answers Optuna's storage calls but has no "
+                    "control channel: it is a plain Optuna storage proxy, not `autotune "
+                    "server`") from None
+            raise
         return json.loads(reply)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
@@ -231,6 +247,7 @@ class WorkerSession:
         self._started = utcnow()
         self._guard = StallGuard()
         self._missed = False
+        self._said_no_channel = False
         self._send("register", name=self.name, study=study_name, host=socket.gethostname(),
                    pid=os.getpid())
         self._thread = threading.Thread(target=self._beat, daemon=True, name="autotune-beat")
@@ -251,6 +268,14 @@ class WorkerSession:
                 method, args = self._pending[0]
                 try:
                     getattr(self.registry, method)(**args)
+                except NoControlChannel as e:   # kept too; said once, it will not change
+                    if not self._said_no_channel:
+                        self._said_no_channel = True
+                        log.warning("autotune: warning: %s; this worker's heartbeats are not "
+                                    "recorded, so a trial it leaves when it dies is not "
+                                    "resumed elsewhere: serve the study with `autotune server "
+                                    "--storage URL`", e)
+                    return False
                 except Exception as e:  # noqa: BLE001 - kept; sent again with the next beat
                     log.debug("registry call %s deferred: %s", method, e)
                     return False

@@ -143,3 +143,30 @@ def test_sigterm_checkpoints_the_running_trial_and_another_worker_resumes_it(pos
     after = resumed.user_attrs["curve"][0][0]
     assert after > before                                  # the clock continued
     assert resumed.user_attrs["curve"][0][3] > interrupted.user_attrs["curve"][0][3]
+
+
+def test_a_worker_on_a_plain_optuna_proxy_says_its_trials_will_not_be_recovered(tmp_path,
+                                                                               caplog):
+    # Optuna's own gRPC proxy serves the study, not `autotune server`: the worker ran its
+    # trials and its heartbeats failed in silence, so its trials could never be recovered
+    from optuna.storages import RDBStorage
+    from optuna.storages._grpc.server import make_server
+
+    from autotune.control import ControlClient, WorkerSession
+
+    port = free_port()
+    server = make_server(RDBStorage(f"sqlite:///{tmp_path}/plain.db"), "127.0.0.1", port)
+    server.start()
+    try:
+        caplog.set_level("WARNING", logger="autotune")
+        session = WorkerSession(ControlClient("127.0.0.1", port), "s", heartbeat_s=0.2)
+        time.sleep(1.0)                                      # a few beats
+        session.close(timeout_s=0.5)
+    finally:
+        server.stop(None)
+    said = [r.getMessage() for r in caplog.records if "control channel" in r.getMessage()]
+    assert said == [
+        f"autotune: warning: the server at 127.0.0.1:{port} answers Optuna's storage calls but "
+        "has no control channel: it is a plain Optuna storage proxy, not `autotune server`; "
+        "this worker's heartbeats are not recorded, so a trial it leaves when it dies is not "
+        "resumed elsewhere: serve the study with `autotune server --storage URL`"], said
