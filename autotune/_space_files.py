@@ -111,7 +111,7 @@ def _takes_trial(function: Callable[..., Any]) -> bool:
         params = list(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return False
-    return bool(params) and params[0] in ("trial", "t", "optuna_trial")
+    return bool(params) and params[0] in ("trial", "optuna_trial")
 
 
 def _from_optuna(space: dict[Any, Any], path: Path) -> SearchSpace:
