@@ -11,7 +11,7 @@ from typing import Any
 
 from ._params import Categorical, Fixed, Float, InfeasiblePoint, Int
 from ._searchspace import SearchSpace, _import_file
-from .errors import SpaceError
+from .errors import SpaceError, shipped_hint
 
 
 @dataclass(frozen=True)
@@ -201,14 +201,9 @@ def load_space(ref: str, *, base_dir: str = ".", world_size: int = 1,
     elif not path.is_absolute():
         path = Path(base_dir) / path
     if not path.is_file():
-        import difflib
-
         shipped = shipped_spaces()
-        stem = Path(ref).name.lower().removesuffix(".py")
-        near = [stem] if stem in shipped else difflib.get_close_matches(stem, shipped, n=2)
-        hint = f" (did you mean the shipped space {' or '.join(near)}?)" if near else ""
-        raise SpaceError(f"search space {ref!r} not found{hint}; give a Python file or a "
-                         f"shipped space ({', '.join(shipped)})")
+        raise SpaceError(f"search space {ref!r} not found{shipped_hint(ref, shipped, 'space')};"
+                         f" give a Python file or a shipped space ({', '.join(shipped)})")
     module = _import_file(path)
     space = getattr(module, "space", None)
     if isinstance(space, dict) and space and all(_is_distribution(d) for d in space.values()):

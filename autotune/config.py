@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, shipped_hint
 
 __all__ = ["StudyConfig", "Target", "Budget", "TrainerConfig", "load", "shipped_studies",
            "resolve_tracking_uri", "default_space", "DEFAULT_STORAGE", "sqlite_file"]
@@ -146,14 +146,10 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
         raise ConfigError(f"study file {source!r} is not a regular file (a device or a pipe); "
                           "give a YAML or TOML file")
     if not path.is_file():
-        import difflib
-
         shipped = shipped_studies()
-        stem = Path(source).name.lower().split(".", 1)[0]
-        near = [stem] if stem in shipped else difflib.get_close_matches(stem, shipped, n=2)
-        hint = f" (did you mean the shipped study {' or '.join(near)}?)" if near else ""
-        raise ConfigError(f"study file {source!r} not found{hint}; give a YAML or TOML file or "
-                          f"a shipped study ({', '.join(shipped)})")
+        raise ConfigError(f"study file {source!r} not found"
+                          f"{shipped_hint(source, shipped, 'study')}; give a YAML or TOML file "
+                          f"or a shipped study ({', '.join(shipped)})")
     try:
         # utf-8-sig: a byte-order mark, as Notepad writes one, is read past (TOML refuses it);
         # UTF-16 with its mark, as PowerShell's `>` writes a file, is read as such

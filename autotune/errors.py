@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 __all__ = ["AutotuneError", "ConfigError", "PlanError", "SpaceError", "LaunchError",
-           "StudyFailing"]
+           "StudyFailing", "shipped_hint"]
+
+
+def shipped_hint(ref: str, shipped: list[str], what: str) -> str:
+    """`` (did you mean the shipped WHAT NAME?)`` for ``ref``, a name almost one of
+    ``shipped`` (another case, a file suffix, a typo), or ""."""
+    import difflib
+    from pathlib import PurePath
+
+    stem = PurePath(ref).name.lower().split(".", 1)[0]
+    near = [stem] if stem in shipped else difflib.get_close_matches(stem, shipped, n=2)
+    return f" (did you mean the shipped {what} {' or '.join(near)}?)" if near else ""
 
 
 class AutotuneError(Exception):
