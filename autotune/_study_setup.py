@@ -21,6 +21,8 @@ from .config import (
     redact,
     resolve_tracking_uri,
     sqlite_file,
+    sqlite_rows,
+    sqlite_tables,
 )
 from .errors import ConfigError, PlanError, SpaceError
 from .plan import Hardware, resolve
@@ -85,7 +87,7 @@ def _check_stores_apart(cfg: StudyConfig) -> None:
     """Refuses a tracking URI that names the study database, or another study database:
     MLflow would create its tables in it, beside Optuna's, and both keep their schema version
     in a table of one name (``alembic_version``), so the first to write it breaks the other."""
-    import sqlalchemy
+    import sqlite3
 
     tracking, _ = resolve_tracking_uri(cfg.tracking_uri)
     mine, theirs = sqlite_file(cfg.storage), sqlite_file(tracking)
@@ -96,12 +98,8 @@ def _check_stores_apart(cfg: StudyConfig) -> None:
     study_db = False
     if not same and theirs is not None and theirs.is_file():
         try:
-            engine = sqlalchemy.create_engine(f"sqlite:///{theirs}")
-            try:
-                study_db = sqlalchemy.inspect(engine).has_table("studies")
-            finally:
-                engine.dispose()
-        except Exception:  # noqa: BLE001 - not a database MLflow could use either: its own say
+            study_db = "studies" in sqlite_tables(theirs)
+        except sqlite3.DatabaseError:   # not a database MLflow could use either: its own say
             study_db = False
     if same or study_db:
         what = "the study database (storage)" if same else "a study database"
@@ -124,16 +122,12 @@ def _check_experiment(cfg: StudyConfig) -> None:
     if db is None or not db.is_file():
         return
     try:
-        conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            row = conn.execute("SELECT experiment_id, lifecycle_stage FROM experiments WHERE "
-                               "name = ?", (cfg.study_name,)).fetchone()
-        finally:
-            conn.close()
+        rows = sqlite_rows(db, "SELECT experiment_id, lifecycle_stage FROM experiments WHERE "
+                               "name = ?", cfg.study_name)
     except sqlite3.Error:
         return   # not readable so: MLflow's own client says what is wrong, when it records
-    if row is not None and row[1] == "deleted":
-        raise ConfigError(deleted_experiment(cfg.study_name, str(row[0]), uri))
+    if rows and rows[0][1] == "deleted":
+        raise ConfigError(deleted_experiment(cfg.study_name, str(rows[0][0]), uri))
 
 
 def _bare(url: str) -> str:

@@ -408,6 +408,22 @@ def sqlite_wal(url: str) -> None:
         pass
 
 
+def sqlite_rows(path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """The rows ``sql`` reads from the SQLite file ``path``, opened read-only (nothing is
+    created or migrated); sqlite3.DatabaseError where it is no database or lacks a table."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro",
+                                            uri=True)) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def sqlite_tables(path: Path) -> set[str]:
+    """The tables of the SQLite file ``path`` (read-only, as ``sqlite_rows``)."""
+    return {r[0] for r in sqlite_rows(path, "SELECT name FROM sqlite_master WHERE type = "
+                                            "'table'")}
+
+
 def storage_url_problem(url: str) -> str | None:
     """Why ``url`` is not a database URL (None when it looks like one); a path to an SQLite
     file is told its URL."""

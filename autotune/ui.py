@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import resolve_tracking_uri, sqlite_file
+from .config import resolve_tracking_uri, sqlite_file, sqlite_rows, sqlite_tables
 from .errors import ConfigError
 from .record import STUDY_CONFIG
 
@@ -62,17 +62,12 @@ def _require_mlflow_store(store: Path, tracking_uri: str) -> None:
     import sqlite3
 
     try:
-        db = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            tables = {r[0] for r in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
-            kept: list[str] = []
-            if "studies" in tables and "study_user_attributes" in tables:
-                kept = [r[0] for r in db.execute(
-                    "SELECT value_json FROM study_user_attributes WHERE key = ?",
-                    (STUDY_CONFIG,))]
-        finally:
-            db.close()
+        tables = sqlite_tables(store)
+        kept: list[str] = []
+        if "studies" in tables and "study_user_attributes" in tables:
+            kept = [r[0] for r in sqlite_rows(
+                store, "SELECT value_json FROM study_user_attributes WHERE key = ?",
+                STUDY_CONFIG)]
     except sqlite3.DatabaseError as e:
         raise ConfigError(f"--tracking-uri {tracking_uri} is not an MLflow store ({e}); give "
                           "the study's tracking_uri (mlruns, the default)") from None
