@@ -115,7 +115,7 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
              f"{best.value:.2f} s")
         for key, value in best_params.items():
             echo(f"  {key} = {short(value)}")
-        model = model_note(best)
+        model = model_note(best, (cfg.run_dir,))
         if model:
             echo(f"  model: {model}")
     tracker.study_plots(study, cfg.target.metric, cfg.target.value, final=True)
@@ -133,14 +133,20 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
     return 0
 
 
-def model_note(trial: FrozenTrial) -> str:
-    """Where ``trial``'s saved model is (``autotune.load_model`` reads it): its path, with the
-    machine it is on where that is not this one or the file is gone; "" if it saved none."""
+def model_note(trial: FrozenTrial, run_dirs: tuple[str, ...] = ()) -> str:
+    """Where ``trial``'s saved model is (``autotune.load_model`` reads it): its path, or
+    where it lies now in one of ``run_dirs`` (the study's run folder, moved with its project
+    since), with the machine it is on where that is not this one or the file is gone; "" if
+    it saved none."""
     path = trial.user_attrs.get(record.MODEL)
     if not path:
         return ""
     if Path(path).is_file():
         return str(path)
+    tail = Path(*Path(path).parts[-3:])     # STUDY/trial-N/model.pt under the run folder
+    for folder in run_dirs:
+        if (Path(folder) / tail).is_file():
+            return str((Path(folder) / tail).resolve())
     hosts = trial.user_attrs.get(record.HOSTS) or []
     here = os.uname().nodename
     if hosts and hosts[0] != here:

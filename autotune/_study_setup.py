@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -188,13 +189,38 @@ def check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
     if not isinstance(stored, dict):
         return
     changes = config_changes(stored, cfg.to_dict())
-    if not changes:
-        return
-    if not accept:
+    moved = _moved_data(stored, cfg)
+    if moved:
+        changes = [c for c in changes if not c.startswith("trainer.data.path:")]
+    if changes and not accept:
         raise ConfigError(f"study {cfg.study_name!r} exists and was started with another "
                           f"config ({'; '.join(changes)}); pass --accept-changes to resume it "
                           "with these, or set another study_name")
-    echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
-    study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
+    if moved:
+        echo(f"study {cfg.study_name!r}: its images moved from {moved} (no longer there) to "
+             f"{cfg.trainer.data['path']}; resuming with the tree there")
+    if changes:
+        echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
+    if stored != cfg.public_dict():
+        # Workers that join take the latest start's settings: its budget, folders and
+        # MLflow store, the tree where it lies now.
+        study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
+
+
+def _moved_data(stored: dict[str, Any], cfg: StudyConfig) -> str | None:
+    """The stored ImageFolder path when the study's tree has moved to ``cfg``'s: the path
+    the study was started with holds nothing now, and the tree at the new one has the study's
+    number of classes (a path change that is not a move needs --accept-changes)."""
+    trainer = stored.get("trainer")
+    if not isinstance(trainer, dict):
+        return None
+    data = trainer.get("data")
+    if not isinstance(data, dict) or data.get("kind") != "imagefolder":
+        return None
+    old, new = str(data.get("path", "")), str(cfg.trainer.data.get("path", ""))
+    if not old or old == new or Path(old).exists() or trainer.get("num_classes") != (
+            cfg.trainer.num_classes):
+        return None
+    return old
 
 

@@ -516,12 +516,13 @@ RESUMABLE = ("budget.n_trials", "budget.timeout_s", "workers", "storage", "track
 
 def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """What differs between a study's stored config and the one it is resumed with, as
-    ``key: old -> new`` (dotted keys), leaving out the ``RESUMABLE`` ones."""
+    ``key: old -> new`` (dotted keys, the trainer's data by its own keys), leaving out the
+    ``RESUMABLE`` ones."""
     def flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in data.items():
             name = f"{prefix}{key}"
-            if isinstance(value, dict) and key in _SECTIONS:
+            if isinstance(value, dict) and (key in _SECTIONS or name == "trainer.data"):
                 out.update(flat(value, f"{name}."))
             else:
                 out[name] = value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -11,7 +12,7 @@ import optuna
 from . import record
 from ._channel import is_server_url
 from ._console import model_note, short
-from .config import DEFAULT_STORAGE, database_url, redact
+from .config import DEFAULT_STORAGE, database_url, redact, sqlite_file
 from .decisions import elapsed_of
 from .stopping import describe, stop_requested
 
@@ -119,7 +120,13 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
         echo(f"best: trial {best.number}, TTA {best.value:.2f} s")
         for key, value in (dict(best.user_attrs.get(record.PARAMS, {})) or best.params).items():
             echo(f"  {key} = {short(value)}")
-        model = model_note(best)
+        stored = study.user_attrs.get(record.STUDY_CONFIG) or {}
+        run_dir = Path(str(stored.get("run_dir") or "autotune-runs"))
+        # the study's run folder, or one of its name here or beside its SQLite file (the
+        # project moved since)
+        db = sqlite_file(storage)
+        model = model_note(best, (str(run_dir), run_dir.name)
+                           + (() if db is None else (str(db.parent / run_dir.name),)))
         if model:
             echo(f"  model: {model}")
     return 0

@@ -31,7 +31,7 @@ from .modes import make_pruner, make_sampler
 from .space import SearchSpace
 from .stopping import clear_stop, describe, stop_requested
 from .store import open_storage
-from .tracking import Tracker
+from .tracking import Tracker, follow_moved_store
 from .trial_runner import TrialRunner
 
 __all__ = ["run_study"]
@@ -48,6 +48,9 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
     more than how long and where it runs (``config.RESUMABLE``), it is refused with what
     changed, unless ``accept_changes``."""
     cfg, space, size = prepare(cfg)
+    moved = follow_moved_store(cfg.tracking_uri)
+    if moved:
+        echo(moved)
     storage = open_storage(cfg.storage)
     study = optuna.create_study(
         study_name=cfg.study_name, storage=storage, direction="minimize", load_if_exists=True,

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from . import record
+from ._moved_store import follow_move
 from ._outbox import Outbox
 from .config import resolve_tracking_uri, sqlite_file
 
-__all__ = ["Tracker", "connect", "leaderboard", "run_name", "ui_command", "STUDY_KEY", "trial_key"]
+__all__ = ["Tracker", "connect", "follow_moved_store", "leaderboard", "run_name", "ui_command",
+           "STUDY_KEY", "trial_key"]
 
 log = logging.getLogger(__name__)
 STUDY_TAG = "autotune.study"
@@ -52,6 +54,26 @@ def connect(uri: str) -> Any:
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # the schema is made by the first query
         return client
+
+
+def follow_moved_store(tracking_uri: str) -> str | None:
+    """A local store (``tracking_uri`` a folder) moved or copied from another folder gets
+    its artifact paths pointed into the folder it is in now (``_moved_store``), under the
+    lock ``connect`` takes; the line that says so, or None where nothing had moved."""
+    uri, artifacts = resolve_tracking_uri(tracking_uri)
+    db = sqlite_file(uri)
+    if artifacts is None or db is None or not db.is_file():
+        return None
+    with open(db.parent / f"{db.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        moved = follow_move(db)
+    if not moved:
+        return None
+    from urllib.parse import unquote, urlparse
+
+    before = ", ".join(str(Path(unquote(urlparse(m).path)).parent) for m in moved)
+    return (f"the MLflow store {db.parent} was moved or copied from {before}: its records "
+            "now find their files where it is")
 
 
 def trial_key(number: int) -> str:

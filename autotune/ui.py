@@ -15,6 +15,7 @@ from pathlib import Path
 from .config import resolve_tracking_uri, sqlite_file, sqlite_rows, sqlite_tables
 from .errors import ConfigError
 from .record import STUDY_CONFIG
+from .tracking import follow_moved_store
 
 __all__ = ["experiment_url", "serve"]
 
@@ -122,6 +123,9 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
                           "--tracking-uri")
     if store is not None:
         _require_mlflow_store(store, tracking_uri)
+        moved = follow_moved_store(tracking_uri)
+        if moved:
+            echo(moved)
     exp = _experiment_id(uri, study)
     base = f"http://{host}:{port}"
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,

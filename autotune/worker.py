@@ -29,7 +29,7 @@ from .programs import check_allowed
 from .space import SearchSpace
 from .stopping import describe, stop_requested
 from .store import foreign_study, open_storage
-from .tracking import Tracker
+from .tracking import Tracker, follow_moved_store
 from .trial_runner import TrialRunner
 
 __all__ = ["run_worker"]
@@ -125,6 +125,9 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     cfg, size = _local_data(cfg, data_path)
     check_writable(cfg.run_dir, "the study's run_dir")
     check_writable(cfg.tracking_uri, "the study's tracking_uri")
+    moved = follow_moved_store(cfg.tracking_uri)
+    if moved:
+        echo(moved)
     if hostfile is None:   # this machine's ranks; a hostfile's nodes say their own slots
         check_ranks(cfg.device, cfg.ranks_per_trial, 1, oversubscribe, "--oversubscribe")
     name = worker_name()
