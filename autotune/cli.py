@@ -454,10 +454,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         sigterm = isinstance(e, Terminated) or (isinstance(e, Stopped)
                                                 and e.signum == signal.SIGTERM)
         how = "terminated (SIGTERM)" if sigterm else "interrupted"
-        trial = ("the running trial saved a checkpoint it resumes from"
-                 if isinstance(e, Stopped) else "the running trial is marked failed")
-        print(f"autotune: {how}; {trial}, and the study can be resumed with the same "
-              "command", file=sys.stderr)
+        failed = getattr(e, "failed_trial", None)
+        if isinstance(e, Stopped):
+            trial = "the running trial saved a checkpoint it resumes from"
+        elif failed is not None:
+            trial = f"trial {failed}, running, is marked failed"
+        else:   # before or between trials: nothing of a trial to say
+            trial = ""
+        print(f"autotune: {how}" + (f"; {trial}, and the study can be resumed with the same "
+                                    "command" if trial else ""), file=sys.stderr)
         return 143 if sigterm else 130
     return code
 

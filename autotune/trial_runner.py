@@ -191,10 +191,12 @@ class TrialRunner:
         self._emit("begun", trial, downtime)
         try:
             result = self._run(study, trial, params)
-        except BaseException:
+        except BaseException as e:
             self._emit("aborted", trial)
             with contextlib.suppress(Exception):
                 study.tell(trial, state=TrialState.FAIL)
+            if isinstance(e, KeyboardInterrupt):
+                e.failed_trial = trial.number  # type: ignore[attr-defined] # for the CLI's line
             raise
         self._emit("ended", trial, result)
         told = self._tell_once(study, trial, result)

@@ -486,3 +486,12 @@ def test_ui_on_a_database_that_is_no_mlflow_store_names_it_and_leaves_it_alone(w
     assert err.count("\n") == 1 and f"--tracking-uri sqlite:///a.db {said}" in err, err
     assert path.read_bytes() == before
     assert sorted(p.name for p in workdir.iterdir()) == ["a.db"]
+
+
+def test_an_interrupt_before_any_trial_says_no_trial_was_failed(workdir, capsys):
+    """Ctrl-C while the study is set up (here: a search space file that is interrupted as it
+    is imported) names no running trial: there is none to fail or resume."""
+    (workdir / "slow.py").write_text("raise KeyboardInterrupt\n")
+    (workdir / "s.yaml").write_text("search_space: slow.py\n")
+    assert main(["start", "study", "s.yaml"]) == 130
+    assert capsys.readouterr().err == "autotune: interrupted\n"
