@@ -12,6 +12,7 @@ from typing import Any
 from ._expr import Expr
 from ._params import (
     _TYPES,
+    Categorical,
     Constraint,
     DefineByRun,
     Derived,
@@ -189,6 +190,11 @@ class SearchSpace:
         """The parameters of ``trial``, drawn through Optuna's suggest API.
 
         Raises :class:`InfeasiblePoint` when the point violates a constraint."""
+        # A configuration enqueued by hand (Optuna's ``study.enqueue_trial``): its values,
+        # Optuna's "fixed params", are checked against the space before any is used.
+        fixed = getattr(trial, "_fixed_params", None)
+        if isinstance(fixed, dict) and fixed:
+            self.settle_enqueued(fixed)
         values: dict[str, Any] = {}
         env: dict[str, Any] = {"world_size": self.world_size}
         for p in self.params:
@@ -197,6 +203,51 @@ class SearchSpace:
         if self.define_by_run is not None:
             values.update(self._run_define_by_run(self.define_by_run, trial, values))
         return self._complete(values)
+
+    def settle_enqueued(self, fixed: dict[str, Any]) -> None:
+        """Checks an enqueued configuration (parameter name to value, as Optuna holds it),
+        taking a power of two by its own name (``global_batch: 256``) as well as by the
+        exponent the study stores (``global_batch_log2: 8``; ``fixed`` is rewritten to that).
+        A value outside the space, a parameter it does not have, or a derived or fixed one
+        given another value raise ``InfeasiblePoint`` with every problem: the trial is dropped
+        and recorded with why, instead of trained on values the space never allows."""
+        problems: list[str] = []
+        for p in self.params:
+            if isinstance(p, PowerOfTwo) and p.name in fixed:
+                value = fixed.pop(p.name)
+                if f"{p.name}_log2" in fixed:
+                    continue
+                if p.contains(value) and not isinstance(value, bool):
+                    fixed[f"{p.name}_log2"] = int(value).bit_length() - 1
+                else:
+                    problems.append(f"{p.name} {value!r} is not a {p.describe()}")
+        names = {f"{p.name}_log2" if isinstance(p, PowerOfTwo) else p.name: p
+                 for p in self.params}
+        derived = {d.name: d for d in self.derived}
+        for name, value in fixed.items():
+            param = names.get(name)
+            if name in derived:
+                problems.append(f"{name} is derived ({derived[name].expr}); leave it out")
+            elif param is None:
+                if self.define_by_run is None:
+                    problems.append(f"{name} is not a parameter of space {self.name!r} (its "
+                                    f"parameters: {', '.join(q.name for q in self.params)})")
+            elif isinstance(param, Fixed):
+                if not param.contains(value):
+                    problems.append(f"{name} is fixed at {param.value!r} in this space, not "
+                                    f"{value!r}")
+            elif isinstance(param, PowerOfTwo):
+                if not param.contains(1 << value if isinstance(value, int) and not isinstance(
+                        value, bool) and 0 <= value < 64 else None):
+                    problems.append(f"{name} {value!r} is not an exponent of a "
+                                    f"{param.describe()}")
+            elif not param.contains(value):
+                problems.append(f"{name} {value!r} is " + (
+                    f"not {param.describe()}" if isinstance(param, Categorical)
+                    else f"outside {param.describe()}"))
+        if problems:
+            raise InfeasiblePoint(f"the enqueued configuration is not in the search space: "
+                                  f"{'; '.join(problems)}", constraint="enqueued")
 
     @staticmethod
     def _run_define_by_run(function: DefineByRun, trial: Any,

@@ -169,6 +169,8 @@ class TrialRunner:
                 trial.set_user_attr(record.OUTCOME, "infeasible")
                 trial.set_user_attr(record.DETAIL, why[:1000])
                 study.tell(trial, state=TrialState.FAIL)
+                if getattr(e, "constraint", "") == "enqueued":   # a user's own: say so
+                    print(f"autotune: trial {trial.number} dropped: {e}", flush=True)
                 raised = raised + 1 if code else 0
                 if raised >= MAX_RAISED:
                     raise SpaceError(f"{why} ({raised} points in a row); fix it and check "

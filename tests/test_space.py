@@ -214,3 +214,68 @@ def test_expressions_are_bounded_before_they_can_run_away(text, message):
 
     with pytest.raises(ValueError, match=message):
         Expr(text)({"x": 1.0})
+
+
+def _quickstart_trial(point: dict) -> tuple[optuna.Study, optuna.Trial]:
+    study = optuna.create_study()
+    study.enqueue_trial(point)
+    return study, study.ask()
+
+
+def test_a_hand_enqueued_configuration_is_taken_by_its_own_names():
+    """Optuna's `study.enqueue_trial` with the batch as users write it (256, not the exponent
+    the study stores) trains that batch, not a random one."""
+    space = load_space("quickstart", world_size=2)
+    point = {"global_batch": 256, "lr_per_256": 0.05, "warmup_epochs": 0.5, "decay": "step",
+             "label_smoothing": 0.1, "epochs": 6}
+    for _ in range(3):
+        study, trial = _quickstart_trial(point)
+        assert space.sample(trial) == point
+        assert study.trials[-1].params["global_batch_log2"] == 8
+
+
+def test_a_hand_enqueued_configuration_outside_the_space_is_refused_with_every_reason():
+    space = load_space("quickstart", world_size=2)
+    _, trial = _quickstart_trial({"global_batch": 1000, "lr_per_256": 5.0, "decay": "exp",
+                                  "epochs": 100, "lr": 0.1})
+    with pytest.raises(InfeasiblePoint) as e:
+        space.sample(trial)
+    assert str(e.value) == (
+        "the enqueued configuration is not in the search space: global_batch 1000 is not a "
+        "power of two [16, 512]; lr_per_256 5.0 is outside float [0.01, 2] log; decay 'exp' "
+        "is not one of cosine, linear, step; epochs 100 is outside int [3, 12]; lr is not "
+        "a parameter of space 'quickstart' (its parameters: global_batch, lr_per_256, "
+        "warmup_epochs, decay, label_smoothing, epochs)")
+    _, trial = _quickstart_trial({"global_batch_log2": 12})
+    with pytest.raises(InfeasiblePoint, match="global_batch_log2 12 is not an exponent of a "
+                                              r"power of two \[16, 512\]$"):
+        space.sample(trial)
+
+
+def test_the_worker_drops_a_hand_enqueued_configuration_outside_the_space_and_says_why(
+        tmp_path, capsys):
+    """It used to end the worker in a traceback (Optuna's ValueError on a categorical value
+    not among the choices), leaving the trial RUNNING and counted against the budget for good;
+    numbers out of range trained with a warning. Now the trial is recorded as dropped, with
+    why, and the next one is taken."""
+    from autotune import record
+    from autotune.config import StudyConfig
+    from autotune.modes import make_pruner, make_sampler
+    from autotune.trial_runner import TrialRunner
+
+    cfg = StudyConfig()
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}",
+                                direction="minimize", sampler=make_sampler(cfg, 0),
+                                pruner=make_pruner(cfg))
+    study.enqueue_trial({"global_batch": 128, "decay": "exp"})
+    runner = TrialRunner(cfg, load_space("quickstart", world_size=2), 1437,
+                         run_dir=tmp_path / "runs")
+    trial, params = runner._ask(study)
+    dropped = study.trials[0]
+    assert dropped.state.name == "FAIL" and dropped.user_attrs[record.OUTCOME] == "infeasible"
+    assert dropped.user_attrs[record.DETAIL] == (
+        "the enqueued configuration is not in the search space: decay 'exp' is not one of "
+        "cosine, linear, step")
+    why = dropped.user_attrs[record.DETAIL]
+    assert capsys.readouterr().out == f"autotune: trial 0 dropped: {why}\n"
+    assert trial.number == 1 and set(params) >= {"global_batch", "decay"}
