@@ -96,11 +96,10 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
     echo(f"study {cfg.study_name!r}: {len(trials)} trials ({counts['reached']} reached, "
          f"{counts['censored']} censored, {counts['failed']} failed), {compute:.0f} s of compute")
     best_params: dict[str, Any] = {}
-    try:
-        best = study.best_trial
-    except ValueError:
-        best = None
-    if best is None or best.user_attrs.get(record.OUTCOME) != "reached":
+    # the fastest trial that reached, not Optuna's best value: a trial another client told
+    # the study (a plain Optuna objective's value) is no time to accuracy
+    best = record.best_reached(trials)
+    if best is None:
         closest = max(trials, key=lambda t: t.user_attrs.get(record.BEST_METRIC, 0.0),
                       default=None)
         note = "" if closest is None else (

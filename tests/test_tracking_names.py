@@ -61,3 +61,22 @@ def test_mlflow_shows_the_outcome_in_the_run_name_and_the_leaderboard_on_the_stu
     assert runs["trial"].info.run_name == "trial-0 reached 9.50 s"
     assert runs["trial"].data.tags["autotune.tta_s"] == "9.500"
     assert "| 1 | 2 | 9.50 |" in runs["study"].data.tags["mlflow.note.content"]
+
+
+def test_the_summary_names_the_fastest_reached_trial_not_a_value_another_client_told(
+        tmp_path):
+    """A trial a plain Optuna client told the study (value 1.0, no outcome) was Optuna's
+    best, and the study's summary said no trial had reached the target."""
+    from autotune._console import summarize
+    from autotune.config import StudyConfig
+
+    study = _study()
+    study.add_trial(optuna.trial.create_trial(
+        params={"x": 1.0}, distributions={"x": optuna.distributions.FloatDistribution(0, 2)},
+        value=1.0))
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "names", tmp_path / "runs")
+    tracker.start_study({}, {"study_name": "names"}, {}, resumed=False)
+    lines: list[str] = []
+    summarize(StudyConfig(study_name="names", run_dir=str(tmp_path / "runs")), study, tracker,
+              lines.append)
+    assert lines[1] == "best: trial 2, time to top1 >= 0.97: 9.50 s", lines
