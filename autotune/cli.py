@@ -286,7 +286,7 @@ def _add_worker(sub: Any) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--server", help="HOST:PORT of an `autotune server`")
     where.add_argument("--storage", help="the study's database URL, reached directly")
-    p.add_argument("--study", required=True, help="study name")
+    p.add_argument("--study", help="study name (default: the only autotune study there)")
     p.add_argument("--allow-program", action="append", metavar="PATH",
                    help="run a study's own training script when it lies at PATH or under it "
                         "(repeatable; without it, only the bundled trainers run)")

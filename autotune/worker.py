@@ -70,6 +70,23 @@ def _load(storage: Any, study_name: str, echo: Callable[[str], None] = print
     return study, cfg, space
 
 
+def _only_study(storage: Any, storage_url: str, echo: Callable[[str], None]) -> str:
+    """The name of the one autotune study in ``storage`` (a worker started without --study);
+    a one-line ConfigError naming them when there are none or several."""
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage,
+                                                                  include_best_trial=False)
+             if record.STUDY_CONFIG in s.user_attrs]
+    where = redact(storage_url)
+    if not names:
+        raise ConfigError(f"no autotune study in {where}; create one with `autotune start "
+                          "study FILE --workers 0`, then start workers")
+    if len(names) > 1:
+        raise ConfigError(f"{where} holds {len(names)} autotune studies "
+                          f"({', '.join(sorted(names))}); name one with --study NAME")
+    echo(f"joining study {names[0]!r}, the only autotune study in {where}")
+    return names[0]
+
+
 def _local_data(cfg: StudyConfig, data_path: str | None) -> tuple[StudyConfig, int]:
     """``cfg`` with its ImageFolder tree where it lies on this machine (``data_path``, else
     where the study was started with it), and its number of training images; a one-line
@@ -100,7 +117,7 @@ def _local_data(cfg: StudyConfig, data_path: str | None) -> tuple[StudyConfig, i
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, data=data)), size
 
 
-def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = print,
+def run_worker(storage_url: str, study_name: str | None, echo: Callable[[str], None] = print,
                hostfile: Path | None = None, ranks_per_node: int | None = None,
                oversubscribe: bool = False, allow_programs: tuple[str, ...] = (),
                data_path: str | None = None) -> int:
@@ -115,6 +132,8 @@ def run_worker(storage_url: str, study_name: str, echo: Callable[[str], None] = 
     quiet_libraries()
     sweep_orphaned_shm_buffers()  # left by an earlier worker on this machine killed with -9
     storage = open_storage(storage_url, create=False)   # joins a study; creates nothing
+    if study_name is None:
+        study_name = _only_study(storage, storage_url, echo)
     study, cfg, space = _load(storage, study_name, echo)
     halted = stop_requested(study)
     if halted is not None:

@@ -170,3 +170,32 @@ def test_a_worker_on_a_plain_optuna_proxy_says_its_trials_will_not_be_recovered(
         "has no control channel: it is a plain Optuna storage proxy, not `autotune server`; "
         "this worker's heartbeats are not recorded, so a trial it leaves when it dies is not "
         "resumed elsewhere: serve the study with `autotune server --storage URL`"], said
+
+
+def test_a_worker_without_study_joins_the_only_one_and_names_them_when_there_are_more(
+        tmp_path, monkeypatch, capsys):
+    from autotune import _study_setup, config, record
+    from autotune.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    optuna.create_study(study_name="plain", storage=url)      # a user's own: not counted
+    assert main(["worker", "--storage", url]) == 2
+    assert capsys.readouterr().err == (
+        f"autotune: error: no autotune study in {url}; create one with `autotune start study "
+        "FILE --workers 0`, then start workers\n")
+    cfg, space, _ = _study_setup.prepare(config.load("quickstart", {"budget.n_trials": 1}))
+    for name in ("digits-a", "digits-b"):
+        study = optuna.create_study(study_name=name, storage=url)
+        study.set_user_attr(record.STUDY_SPACE, space.to_dict())
+        study.set_user_attr(record.STUDY_CONFIG, {**cfg.public_dict(), "study_name": name})
+        study.add_trial(optuna.trial.create_trial(value=1.0))  # its budget is spent
+        if name == "digits-a":
+            assert main(["worker", "--storage", url]) == 0
+            out = capsys.readouterr().out
+            assert out.startswith(f"joining study 'digits-a', the only autotune study in {url}\n")
+            assert "the study's budget is spent" in out
+    assert main(["worker", "--storage", url]) == 2
+    assert capsys.readouterr().err == (
+        f"autotune: error: {url} holds 2 autotune studies (digits-a, digits-b); name one with "
+        "--study NAME\n")
