@@ -153,17 +153,30 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     feasibility, warm starts), with the config given its data's number of classes, and the
     number of training images; SpaceError or ConfigError at the first problem."""
     cfg = _absolute_data(cfg)
-    from trainers.sources import image_size_of, num_classes, train_size
+    from trainers.sources import (
+        constant_answer,
+        image_size_of,
+        num_classes,
+        read_layout,
+        train_size,
+    )
 
     try:
-        size = train_size(cfg.trainer.data)
-        classes = num_classes(cfg.trainer.data)
+        if cfg.trainer.data.get("kind") == "imagefolder":
+            layout = read_layout(cfg.trainer.data)     # the tree listed once
+            size, classes = len(layout.train), len(layout.classes)
+        else:
+            layout, size, classes = None, train_size(cfg.trainer.data), num_classes(
+                cfg.trainer.data)
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: trainer.data: {e}") from e
     if cfg.target.metric == "top5" and classes <= 5:
         raise ConfigError(f"{cfg.source}: target.metric top5 on data of {classes} classes: "
                           "the label is always among the top 5, so top-5 accuracy is 1 from "
                           "the first step; use metric: top1")
+    if layout is not None:
+        _check_target_above_counts(cfg, *constant_answer(
+            layout, 5 if cfg.target.metric == "top5" else 1))
     data = DataInfo(train_images=size, num_classes=classes,
                     image_size=image_size_of(cfg.trainer.data),
                     kind=str(cfg.trainer.data.get("kind", "digits")))
@@ -175,6 +188,20 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, num_classes=classes))
     _check_warm_starts(space, cfg, size)
     return cfg, space, size
+
+
+def _check_target_above_counts(cfg: StudyConfig, share: float, answer: list[str]) -> None:
+    """A target that a model answering the most common class (classes, for top-5) for every
+    validation image reaches measures nothing: on imbalanced data (most images one class) it
+    is met at the first evaluation by a model that learnt only the class counts."""
+    if cfg.target.value > share:
+        return
+    said = (f"always answers {answer[0]!r}: that class is" if len(answer) == 1 else
+            f"always answers its {len(answer)} most common classes: they are")
+    raise ConfigError(f"{cfg.source}: target.value {cfg.target.value:g} ({cfg.target.metric}) "
+                      f"is reached by a model that {said} {share:.1%} of the validation "
+                      f"images; set target.value above {share:.4g} (the accuracy that "
+                      "counts is what a model adds to that)")
 
 
 def check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,

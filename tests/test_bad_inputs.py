@@ -45,6 +45,14 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "ViT whose patches do not tile the images": (
         "trainer: {model: vit_b_16, data: {kind: digits, image_size: 40}}\n",
         "vit_b_16 cannot take 40-px images"),
+    "a target that answering the most common class reaches": (
+        "trainer: {data: {kind: imagefolder, path: skewed}}\ntarget: {metric: top1, value: "
+        "0.85}\n", "target.value 0.85 (top1) is reached by a model that always answers 'a': "
+        "that class is 90.0% of the validation images; set target.value above 0.9"),
+    "a top-5 target that answering the 5 most common classes reaches": (
+        "trainer: {data: {kind: imagefolder, path: skewed6}}\ntarget: {metric: top5, value: "
+        "0.9}\n", "always answers its 5 most common classes: they are 90.0% of the validation "
+        "images; set target.value above 0.9"),
     "unknown data kind": ("trainer: {data: {kind: parquet}}\n", "'parquet' is not allowed"),
     "unknown data key": ("trainer: {data: {kind: digits, imagesize: 64}}\n",
                          "unknown key(s) imagesize (did you mean image_size?); a digits source "
@@ -279,6 +287,8 @@ def _lay_out(folder: Path) -> None:
         (folder / "flatval" / "val" / f"ILSVRC2012_val_{i}.JPEG").write_bytes(b"\xff\xd8")
     _images(folder / "emptytrain", {"a": 0, "b": 2}, {"a": 1, "b": 1})
     _images(folder / "oneclass", {"a": 2}, {"a": 1})
+    _images(folder / "skewed", {"a": 2, "b": 2}, {"a": 9, "b": 1})
+    _images(folder / "skewed6", dict.fromkeys("abcdef", 1), {"a": 5, **dict.fromkeys("bcdef", 1)})
     _images(folder / "noval", {"a": 1, "b": 1}, {})
     (folder / "noval" / "val").rmdir()
     for name, counts in (("flat", {"a": 3, "b": 3}), ("flatone", {"a": 3, "b": 1})):

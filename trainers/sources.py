@@ -680,6 +680,18 @@ def check_images(spec: dict[str, Any], sample: int = _CHECK_SAMPLE, seed: int = 
     return ImageCheck(str(spec.get("path", "")), len(paths), len(chosen), tuple(bad))
 
 
+def constant_answer(layout: Layout, k: int) -> tuple[float, list[str]]:
+    """The top-``k`` validation accuracy of a model that answers the same ``k`` classes for
+    every image (the most common ones in the validation set), and those classes: what a model
+    that learnt nothing but the class counts scores. On balanced data, k / classes."""
+    counts = [0] * len(layout.classes)
+    for _, label in layout.val:
+        counts[label] += 1
+    largest = sorted(range(len(counts)), key=lambda i: (-counts[i], i))[:k]
+    share = sum(counts[i] for i in largest) / max(len(layout.val), 1)
+    return share, [layout.classes[i] for i in largest]
+
+
 def train_size(spec: dict[str, Any]) -> int:
     """Number of training images of ``spec``, without decoding any."""
     kind = spec.get("kind", "digits")
