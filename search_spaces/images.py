@@ -15,7 +15,8 @@ study, sized from the study's data and ranks.
 
 Warm starts: one short SGD recipe (LR 0.1 per 256 images, the rule of Goyal et al.; cosine, no
 warmup, 4 epochs) at the batch that gives an epoch about 64 steps (within the range), without
-augmentation and with crop-and-flip.
+augmentation and with crop-and-flip; on a data set so small that the smallest batch leaves
+an epoch fewer steps, as many epochs as make about 4 x 64 steps (up to 32).
 ``autotune space show images`` (no data at hand) sizes it for 10,000 images.
 """
 
@@ -64,8 +65,13 @@ def _nearest(param: Batch, batch: float) -> int:
 def space(world_size: int, data: DataInfo | None = None) -> SearchSpace:
     data = data or STAND_IN
     batch = _batch(world_size, data.train_images)
-    warm = {"global_batch": _nearest(batch, data.train_images / WARM_STEPS), "lr_per_256": 0.1,
-            "warmup_epochs": 0.0, "decay": "cosine", "label_smoothing": 0.0, "epochs": 4}
+    warm_batch = _nearest(batch, data.train_images / WARM_STEPS)
+    # 4 epochs, or more where the smallest batch leaves an epoch fewer than WARM_STEPS steps:
+    # a small data set's warm start still takes about 4 x WARM_STEPS optimizer steps
+    per_epoch = max(data.train_images // warm_batch, 1)
+    epochs = min(max(4, round(4 * WARM_STEPS / per_epoch)), 32)
+    warm = {"global_batch": warm_batch, "lr_per_256": 0.1, "warmup_epochs": 0.0,
+            "decay": "cosine", "label_smoothing": 0.0, "epochs": epochs}
     return SearchSpace(
         batch,
         Float("lr_per_256", 0.01, 2.0, log=True),
