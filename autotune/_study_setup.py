@@ -46,8 +46,12 @@ def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) ->
 
 
 def _absolute_data(cfg: StudyConfig) -> StudyConfig:
-    """``cfg`` with an ImageFolder path made absolute (``~`` the home folder, as a shell reads
-    it; otherwise relative to the study file)."""
+    """``cfg`` with an ImageFolder path and a weights file made absolute (``~`` the home
+    folder, as a shell reads it; otherwise relative to the study file)."""
+    if cfg.trainer.weights and not Path(cfg.trainer.weights).is_absolute():
+        given = Path(cfg.trainer.weights).expanduser()
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, weights=str(
+            given if given.is_absolute() else (Path(cfg.base_dir) / given).resolve())))
     data = dict(cfg.trainer.data)
     if data.get("kind") != "imagefolder":
         return cfg
@@ -186,8 +190,33 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     if problems:
         raise SpaceError(problems[0], problems=problems)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, num_classes=classes))
+    _check_weights(cfg)
     _check_warm_starts(space, cfg, size)
     return cfg, space, size
+
+
+def _check_weights(cfg: StudyConfig) -> None:
+    """The weights file a study starts its models from: read, and loaded into the model
+    built for the data's classes (the classifier replaced where they differ), once before
+    any trial, so a file of another architecture is one line, not a failed trial each."""
+    if not cfg.trainer.weights or cfg.trainer.program != "image_classifier":
+        return    # a program of the user's own reads the plan's weights as it likes
+    import torchvision
+
+    from trainers.models import fit_weights, model_kwargs, read_weights
+    from trainers.sources import image_size_of
+
+    try:
+        state = read_weights(cfg.trainer.weights)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.source}: trainer.{e}") from None
+    model = getattr(torchvision.models, cfg.trainer.model)(**model_kwargs(
+        cfg.trainer.model, cfg.trainer.num_classes, image_size_of(cfg.trainer.data)))
+    try:
+        fit_weights(model, state, cfg.trainer.model)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.source}: trainer.weights {cfg.trainer.weights}: "
+                          f"{str(e).removeprefix('weights ')}") from None
 
 
 def _check_target_above_counts(cfg: StudyConfig, share: float, answer: list[str]) -> None:

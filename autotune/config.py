@@ -52,6 +52,11 @@ class TrainerConfig:
     params: list[str] = field(default_factory=list)   # names your own script takes beyond
                                             # the plan's, which its search space may set
     model: str = "resnet18"                 # a torchvision model
+    weights: str = ""                       # start from these weights (fine-tuning): a file
+                                            # of the model's state dict (a torchvision .pth,
+                                            # or a model.pt a trial saved), its classifier
+                                            # replaced where its classes differ; "": from
+                                            # scratch. Relative to the study file.
     num_classes: int = 10
     data: dict[str, Any] = field(default_factory=lambda: {"kind": "digits", "image_size": 32})
     max_micro_batch: int = 64               # images per rank per forward pass
@@ -227,7 +232,9 @@ _ALIASES = {"name": "study_name", "study": "study_name", "space": "search_space"
             "model_name": "trainer.model", "arch": "trainer.model",
             "dataset": "trainer.data", "data_dir": "trainer.data.path",
             "data_path": "trainer.data.path", "batch_size": "search_space",
-            "lr": "search_space", "learning_rate": "search_space", "epochs": "search_space"}
+            "lr": "search_space", "learning_rate": "search_space", "epochs": "search_space",
+            "pretrained": "trainer.weights", "checkpoint": "trainer.weights",
+            "init_weights": "trainer.weights", "pretrained_weights": "trainer.weights"}
 
 
 def _where_key_goes(key: Any, cls: type, prefix: str) -> str | None:
@@ -528,7 +535,12 @@ def config_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]
                 out[name] = value
         return out
 
-    old, new = flat(stored), flat(current)
+    # a key a study's stored config lacks (an earlier autotune had no such key) held its
+    # default there; the data's keys are the source's own, with no defaults of this kind
+    defaults = {k: v for k, v in flat(StudyConfig().to_dict()).items()
+                if not k.startswith("trainer.data.")}
+    old = {**defaults, **flat(stored)}
+    new = flat(current)
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
             if key not in RESUMABLE and old.get(key) != new.get(key)]
 

@@ -260,7 +260,8 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
                or AUGMENT_DEFAULTS.get(str(data.get("kind", "digits")), "none"))
     return {
         "params": dict(sampled),
-        "model": trainer["model"], "num_classes": int(trainer["num_classes"]),
+        "model": trainer["model"], "weights": str(trainer.get("weights") or ""),
+        "num_classes": int(trainer["num_classes"]),
         "data": data, "augment": augment, "device": hardware.device,
         "threads_per_rank": hardware.threads_per_rank,
         "world_size": hardware.world_size, "global_batch": batch, "micro_batch": micro,

@@ -505,3 +505,22 @@ def test_an_interrupt_before_any_trial_says_no_trial_was_failed(workdir, capsys)
     (workdir / "s.yaml").write_text("search_space: slow.py\n")
     assert main(["start", "study", "s.yaml"]) == 130
     assert capsys.readouterr().err == "autotune: interrupted\n"
+
+
+@pytest.mark.parametrize("weights, says", [
+    ("gone.pth", "trainer.weights {dir}/gone.pth: no such file"),
+    ("notes.pth", "trainer.weights {dir}/notes.pth cannot be read as a state dict"),
+    ("numbers.pth", "trainer.weights {dir}/numbers.pth hold no state dict (a list)"),
+    ("squeezenet.pth", "trainer.weights {dir}/squeezenet.pth: do not fit resnet18 (missing: "
+                       "conv1.weight, bn1.weight, bn1.bias, ...; not in it: features.0.weight"),
+])
+def test_weights_that_cannot_start_the_model_are_refused_before_anything_is_written(
+        weights, says, workdir, capsys):
+    import torch
+    import torchvision
+
+    (workdir / "notes.pth").write_text("not weights")
+    torch.save([1, 2, 3], workdir / "numbers.pth")
+    torch.save(torchvision.models.squeezenet1_1().state_dict(), workdir / "squeezenet.pth")
+    (workdir / "study.yaml").write_text(f"study_name: bad\ntrainer: {{weights: {weights}}}\n")
+    _refused(["start", "study", "study.yaml"], says.format(dir=workdir), workdir, capsys)

@@ -209,6 +209,17 @@ def test_what_a_resume_may_change_and_what_it_may_not():
     assert config.config_changes(stored, stored) == []
 
 
+def test_a_study_stored_before_a_key_existed_resumes_with_that_keys_default():
+    """A study an earlier autotune started has no `trainer.weights` in its stored config: it
+    held the default then, so a resume is no change; another value is."""
+    stored = config.load("quickstart").to_dict()
+    del stored["trainer"]["weights"]
+    assert config.config_changes(stored, config.load("quickstart").to_dict()) == []
+    tuned = config.load("quickstart").to_dict()
+    tuned["trainer"]["weights"] = "/w/resnet18.pth"
+    assert config.config_changes(stored, tuned) == ["trainer.weights: '' -> '/w/resnet18.pth'"]
+
+
 def test_resuming_a_study_with_a_changed_file_is_refused_before_anything_is_written(
         workdir, capsys):
     import optuna

@@ -135,3 +135,52 @@ def test_a_model_that_cannot_be_saved_leaves_the_trials_result_as_it_is(tmp_path
     assert end["reason"] == "reached" and end["tta_s"] > 0 and "model_path" not in end
     log = (tmp_path / "trial-0" / "trainer.log").read_text()
     assert f"could not save the model to {plan['model_path']}" in log
+
+
+def test_a_trial_starts_from_the_weights_a_study_names(tmp_path):
+    """`trainer.weights`: the real trainer on real ranks loads a saved model's weights before
+    its first step. The same plan (the quickstart's warm start on the digits) from scratch
+    and from the weights of the trial that reached: the one with the weights is ahead at its
+    first evaluation."""
+    def plan(folder: str, weights: str = "") -> dict:
+        p = make_plan({"weights": weights}, target=0.95, global_batch=128, lr_per_256=0.04,
+                      epochs=8, decay="cosine", warmup_epochs=0.0)
+        p["model_path"] = str(tmp_path / folder / "model.pt")
+        return p
+
+    scratch = drive(plan("scratch"), tmp_path / "scratch")
+    assert scratch[-1]["reason"] == "reached", scratch[-1]
+    tuned = drive(plan("tuned", weights=str(tmp_path / "scratch" / "model.pt")),
+                  tmp_path / "tuned")
+    first = [[m for m in run if m["type"] == "eval"][0]["top1"] for run in (scratch, tuned)]
+    assert first[0] < 0.9 <= first[1], first
+    assert tuned[-1]["reason"] == "reached"
+
+
+def test_weights_of_another_model_or_class_count_are_fitted_or_refused(tmp_path):
+    """A 1,000-class checkpoint (ImageNet's) fits a model for the data's classes with a fresh
+    classifier; a checkpoint in a training wrapper's layout reads; another architecture's
+    weights are refused, naming what does not fit, and load nothing."""
+    import torchvision
+
+    from trainers.models import fit_weights, read_weights
+
+    imagenet = torchvision.models.resnet18(num_classes=1000)
+    torch.save({"epoch": 3, "state_dict": {f"module.{k}": v
+                                           for k, v in imagenet.state_dict().items()}},
+               tmp_path / "checkpoint.pt")
+    model = torchvision.models.resnet18(num_classes=3)
+    head = model.fc.weight.clone()
+    assert fit_weights(model, read_weights(tmp_path / "checkpoint.pt"), "resnet18") == [
+        "fc.weight", "fc.bias"]
+    assert torch.equal(model.conv1.weight, imagenet.conv1.weight)
+    assert torch.equal(model.fc.weight, head) and model.fc.out_features == 3
+    other = torchvision.models.resnet34(num_classes=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"^weights do not fit resnet18 \(not in it: "
+                                         r"layer1\.2\.conv1\.weight, .*give weights of resnet18"):
+        fit_weights(model, other.state_dict(), "resnet18")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    (tmp_path / "notes.pth").write_text("not weights")
+    with pytest.raises(ValueError, match="cannot be read as a state dict"):
+        read_weights(tmp_path / "notes.pth")

@@ -17,7 +17,7 @@ from trainers.protocol import ZERO_INIT_MODELS
 from trainers.schedule import lr_factor
 
 __all__ = ["MODEL_FORMAT", "build_engine", "build_model", "build_optimizer", "evaluate",
-           "model_kwargs", "save_model"]
+           "fit_weights", "model_kwargs", "read_weights", "save_model"]
 
 MODEL_FORMAT = "autotune-model/1"   # what a saved model file says it is (autotune.load_model)
 
@@ -53,8 +53,58 @@ def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
     if factory is None:
         raise ValueError(f"unknown model {plan['model']!r}; use a torchvision model name")
     size = image_size_of(plan.get("data") or {})
-    return factory(**model_kwargs(plan["model"], num_classes, size,
-                                  bool(plan["zero_init_residual"])))
+    model = factory(**model_kwargs(plan["model"], num_classes, size,
+                                   bool(plan["zero_init_residual"])))
+    if plan.get("weights"):
+        fit_weights(model, read_weights(plan["weights"]), plan["model"])
+    return model
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The state dict in the file ``path``: a plain one (torchvision's .pth), a model.pt a
+    trial saved (autotune.load_model's format), or a training checkpoint that keeps it under
+    ``state_dict``, ``model`` or ``module``; its names without wrappers' prefixes. A one-line
+    ValueError for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"weights {path}: no such file")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle, zip and torch each raise their own
+        raise ValueError(f"weights {path} cannot be read as a state dict (torch.load: "
+                         f"{type(e).__name__}); give a file torch.save wrote a model's "
+                         "state_dict() to") from None
+    for key in ("state_dict", "model", "module"):
+        if isinstance(saved, dict) and isinstance(saved.get(key), dict):
+            saved = saved[key]
+            break
+    tensors = {_plain_name(str(k)): v for k, v in saved.items() if isinstance(v, torch.Tensor)
+               } if isinstance(saved, dict) else {}
+    if not tensors:
+        raise ValueError(f"weights {path} hold no state dict (a {type(saved).__name__}); give "
+                         "a file torch.save wrote a model's state_dict() to")
+    return tensors
+
+
+def fit_weights(model: torch.nn.Module, state: dict[str, torch.Tensor],
+                name: str = "the model") -> list[str]:
+    """Loads ``state`` into ``model``; a weight whose shape differs only in its first
+    dimension (the classifier's outputs: 1,000 ImageNet classes against the data's) keeps the
+    model's fresh one. Returns those names; a ValueError naming what does not fit (weights of
+    another architecture) loads nothing."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unknown = [k for k in state if k not in own]
+    fresh = [k for k in own if k in state and state[k].shape != own[k].shape]
+    misfit = [k for k in fresh if state[k].dim() != own[k].dim() or state[k].dim() == 0
+              or state[k].shape[1:] != own[k].shape[1:]]
+    if missing or unknown or misfit:
+        said = "; ".join(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+                         for what, keys in (("missing", missing), ("not in it", unknown),
+                                            ("other shapes", misfit)) if keys)
+        raise ValueError(f"weights do not fit {name} ({said}); give weights of {name}")
+    model.load_state_dict({k: (own[k] if k in fresh else v) for k, v in state.items()})
+    return fresh
 
 
 def save_model(path: str | Path, module: torch.nn.Module, plan: dict[str, Any],
