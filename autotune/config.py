@@ -315,7 +315,9 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
             try:
                 float(value)
                 hint = (" (YAML read it as text: write an exponent with a dot and a sign, "
-                        "1.0e+12, or write the number out)")
+                        "1.0e+12, or write the number out)"
+                        if re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value)
+                        else f" (it is text, in quotes: write {value.strip()} without them)")
             except ValueError:
                 seconds = duration_s(value) if where.endswith("_s") else None
                 if seconds is not None:
@@ -341,7 +343,10 @@ def _build(cls: type, data: dict[str, Any], where: str, prefix: str = "") -> Any
     for key, value in data.items():
         if key in _SECTIONS:
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
+                hint = (f" (target: {{metric: top1, value: {value:g}}})" if key == "target"
+                        and isinstance(value, int | float) and not isinstance(value, bool)
+                        else "")
+                raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}{hint}")
             values[key] = _build(_SECTIONS[key], value, where, f"{key}.")
         else:
             values[key] = _typed(value, str(kinds[key]), f"{where}: {prefix}{key}")

@@ -183,6 +183,11 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "target nan": ("target: {value: .nan}\n", "outside (0, 1]"),
     "target text": ("target: {value: high}\n", "target.value must be a number"),
     "target a list": ("target: [0.9]\n", "target must be a mapping"),
+    "target a number": ("target: 0.9\n", "target must be a mapping, got 0.9 (target: "
+                        "{metric: top1, value: 0.9})"),
+    "target value quoted": ("target: {metric: top1, value: '0.9'}\n",
+                            "target.value must be a number, got '0.9' (it is text, in quotes: "
+                            "write 0.9 without them)"),
     "n_trials zero": ("budget: {n_trials: 0}\n", "budget.n_trials must be a positive integer"),
     "n_trials negative": ("budget: {n_trials: -3}\n", "budget.n_trials must be a positive"),
     "n_trials fraction": ("budget: {n_trials: 2.5}\n", "must be a whole number, got 2.5"),
