@@ -184,3 +184,20 @@ def test_weights_of_another_model_or_class_count_are_fitted_or_refused(tmp_path)
     (tmp_path / "notes.pth").write_text("not weights")
     with pytest.raises(ValueError, match="cannot be read as a state dict"):
         read_weights(tmp_path / "notes.pth")
+
+
+def test_vit_weights_made_at_another_image_size_have_their_position_embedding_resampled():
+    """ImageNet ViT weights (224 px: 196 patches and the class token) start a ViT built for
+    the study's 64 px images (16 patches): the position embedding is resampled, as
+    torchvision does for other sizes; the rest loads as it is."""
+    import torchvision
+
+    from trainers.models import fit_weights
+
+    imagenet = torchvision.models.vit_b_32(num_classes=1000)
+    model = torchvision.models.vit_b_32(image_size=64, num_classes=5)
+    assert fit_weights(model, imagenet.state_dict(), "vit_b_32") == [
+        "heads.head.weight", "heads.head.bias"]
+    assert model.encoder.pos_embedding.shape == (1, 5, 768)
+    assert torch.equal(model.encoder.pos_embedding[:, :1], imagenet.encoder.pos_embedding[:, :1])
+    assert torch.equal(model.conv_proj.weight, imagenet.conv_proj.weight)

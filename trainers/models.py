@@ -90,9 +90,20 @@ def fit_weights(model: torch.nn.Module, state: dict[str, torch.Tensor],
                 name: str = "the model") -> list[str]:
     """Loads ``state`` into ``model``; a weight whose shape differs only in its first
     dimension (the classifier's outputs: 1,000 ImageNet classes against the data's) keeps the
-    model's fresh one. Returns those names; a ValueError naming what does not fit (weights of
+    model's fresh one; a ViT's position embedding made for another image size is resampled
+    to this one's patches. Returns those names; a ValueError naming what does not fit (weights of
     another architecture) loads nothing."""
     own = model.state_dict()
+    key = "encoder.pos_embedding"   # a ViT's, for the image size its weights were made at
+    if key in own and key in state and state[key].shape != own[key].shape \
+            and hasattr(model, "image_size") and hasattr(model, "patch_size"):
+        from collections import OrderedDict
+
+        from torchvision.models.vision_transformer import interpolate_embeddings
+
+        # resampled to this model's grid of patches, as torchvision does for other sizes
+        size, patch = getattr(model, "image_size"), getattr(model, "patch_size")  # noqa: B009
+        state = dict(interpolate_embeddings(int(size), int(patch), OrderedDict(state)))
     missing = [k for k in own if k not in state]
     unknown = [k for k in state if k not in own]
     fresh = [k for k in own if k in state and state[k].shape != own[k].shape]
@@ -102,7 +113,17 @@ def fit_weights(model: torch.nn.Module, state: dict[str, torch.Tensor],
         said = "; ".join(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
                          for what, keys in (("missing", missing), ("not in it", unknown),
                                             ("other shapes", misfit)) if keys)
-        raise ValueError(f"weights do not fit {name} ({said}); give weights of {name}")
+        if missing or unknown:
+            todo = f"give weights of {name}"
+        else:   # the same layers, other sizes: a ViT's position embedding, another width
+            k = misfit[0]
+            shape = "x".join(map(str, state[k].shape))
+            here = "x".join(map(str, own[k].shape))
+            said = f"{k} is {shape} in the file, {here} here" + (
+                f"; {len(misfit) - 1} more" if len(misfit) > 1 else "")
+            todo = (f"give weights of {name} built as this study builds it (a ViT's for the "
+                    "study's image_size)")
+        raise ValueError(f"weights do not fit {name} ({said}); {todo}")
     model.load_state_dict({k: (own[k] if k in fresh else v) for k, v in state.items()})
     return fresh
 
