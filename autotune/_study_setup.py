@@ -48,7 +48,8 @@ def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) ->
 def _absolute_data(cfg: StudyConfig) -> StudyConfig:
     """``cfg`` with an ImageFolder path and a weights file made absolute (``~`` the home
     folder, as a shell reads it; otherwise relative to the study file)."""
-    if cfg.trainer.weights and not Path(cfg.trainer.weights).is_absolute():
+    if cfg.trainer.weights and cfg.trainer.weights.lower() != "imagenet" \
+            and not Path(cfg.trainer.weights).is_absolute():
         given = Path(cfg.trainer.weights).expanduser()
         cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, weights=str(
             given if given.is_absolute() else (Path(cfg.base_dir) / given).resolve())))
@@ -203,11 +204,11 @@ def _check_weights(cfg: StudyConfig) -> None:
         return    # a program of the user's own reads the plan's weights as it likes
     import torchvision
 
-    from trainers.models import fit_weights, model_kwargs, read_weights
+    from trainers.models import fit_weights, model_kwargs, read_weights, weights_file
     from trainers.sources import image_size_of
 
     try:
-        state = read_weights(cfg.trainer.weights)
+        state = read_weights(weights_file(cfg.trainer.weights, cfg.trainer.model))
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: trainer.{e}") from None
     model = getattr(torchvision.models, cfg.trainer.model)(**model_kwargs(

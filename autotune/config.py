@@ -54,9 +54,10 @@ class TrainerConfig:
     model: str = "resnet18"                 # a torchvision model
     weights: str = ""                       # start from these weights (fine-tuning): a file
                                             # of the model's state dict (a torchvision .pth,
-                                            # or a model.pt a trial saved), its classifier
-                                            # replaced where its classes differ; "": from
-                                            # scratch. Relative to the study file.
+                                            # or a model.pt a trial saved; relative to the
+                                            # study file), or imagenet (torchvision's, from
+                                            # its cache), its classifier replaced where its
+                                            # classes differ; "": from scratch
     num_classes: int = 10
     data: dict[str, Any] = field(default_factory=lambda: {"kind": "digits", "image_size": 32})
     max_micro_batch: int = 64               # images per rank per forward pass

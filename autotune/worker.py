@@ -142,10 +142,16 @@ def run_worker(storage_url: str, study_name: str | None, echo: Callable[[str], N
         return 0
     check_allowed(cfg.trainer.program, cfg.trainer.program_sha256, allow_programs, study_name)
     cfg, size = _local_data(cfg, data_path)
-    if cfg.trainer.weights and not Path(cfg.trainer.weights).is_file():
-        raise ConfigError(f"study {cfg.study_name!r} starts its models from "
-                          f"{cfg.trainer.weights}, which is not on this machine; copy the file "
-                          "to that path here")
+    if cfg.trainer.weights:
+        from trainers.models import weights_file
+
+        try:
+            found = weights_file(cfg.trainer.weights, cfg.trainer.model)
+        except ValueError as e:
+            raise ConfigError(f"study {cfg.study_name!r}: trainer.{e}") from None
+        if not found.is_file():
+            raise ConfigError(f"study {cfg.study_name!r} starts its models from {found}, "
+                              "which is not on this machine; copy the file to that path here")
     check_writable(cfg.run_dir, "the study's run_dir")
     check_writable(cfg.tracking_uri, "the study's tracking_uri")
     moved = follow_moved_store(cfg.tracking_uri)

@@ -4,6 +4,7 @@ back without DeepSpeed (``autotune.load_model``), and the slower trials' models 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,3 +202,26 @@ def test_vit_weights_made_at_another_image_size_have_their_position_embedding_re
     assert model.encoder.pos_embedding.shape == (1, 5, 768)
     assert torch.equal(model.encoder.pos_embedding[:, :1], imagenet.encoder.pos_embedding[:, :1])
     assert torch.equal(model.conv_proj.weight, imagenet.conv_proj.weight)
+
+
+def test_imagenet_weights_are_taken_from_torchvisions_cache_never_downloaded(tmp_path,
+                                                                             monkeypatch):
+    """`weights: imagenet` names the file torchvision keeps its default ImageNet weights in
+    (a file this test writes there); where it is missing, the one line says which file and
+    how to get it, and nothing is downloaded."""
+    import torchvision
+
+    from trainers.models import read_weights, weights_file
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    with pytest.raises(ValueError, match=r"^weights imagenet: torchvision's resnet18 weights "
+                                         r"are not in its cache \(.*/torch/hub/checkpoints/"
+                                         r"resnet18-f37072fd\.pth\); on a machine with internet"):
+        weights_file("imagenet", "resnet18")
+    assert not (tmp_path / "torch").exists()
+    cached = tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    cached.parent.mkdir(parents=True)
+    torch.save(torchvision.models.resnet18().state_dict(), cached)
+    assert weights_file("ImageNet", "resnet18") == cached
+    assert set(read_weights(cached)) == set(torchvision.models.resnet18().state_dict())
+    assert weights_file("~/w.pth", "resnet18") == Path.home() / "w.pth"

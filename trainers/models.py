@@ -17,7 +17,7 @@ from trainers.protocol import ZERO_INIT_MODELS
 from trainers.schedule import lr_factor
 
 __all__ = ["MODEL_FORMAT", "build_engine", "build_model", "build_optimizer", "evaluate",
-           "fit_weights", "model_kwargs", "read_weights", "save_model"]
+           "fit_weights", "model_kwargs", "read_weights", "save_model", "weights_file"]
 
 MODEL_FORMAT = "autotune-model/1"   # what a saved model file says it is (autotune.load_model)
 
@@ -56,8 +56,35 @@ def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
     model = factory(**model_kwargs(plan["model"], num_classes, size,
                                    bool(plan["zero_init_residual"])))
     if plan.get("weights"):
-        fit_weights(model, read_weights(plan["weights"]), plan["model"])
+        fit_weights(model, read_weights(weights_file(plan["weights"], plan["model"])),
+                    plan["model"])
     return model
+
+
+IMAGENET = "imagenet"    # trainer.weights: torchvision's ImageNet weights, from its cache
+
+
+def weights_file(weights: str, model: str) -> Path:
+    """The file ``trainer.weights`` names: a path, or for ``imagenet`` the file torchvision
+    keeps ``model``'s default ImageNet weights in (``torch.hub.get_dir()/checkpoints``, as
+    ``weights="DEFAULT"`` downloads them; nothing is downloaded here). A one-line ValueError
+    where that file is not there, saying how to put it there."""
+    if weights.lower() != IMAGENET:
+        return Path(weights).expanduser()
+    import torchvision
+
+    try:
+        url = torchvision.models.get_model_weights(model).DEFAULT.url
+    except (ValueError, AttributeError, KeyError):
+        raise ValueError(f"weights {IMAGENET}: torchvision has no ImageNet weights for "
+                         f"{model}; give a file of weights") from None
+    path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+    if not path.is_file():
+        raise ValueError(f"weights {IMAGENET}: torchvision's {model} weights are not in its "
+                         f"cache ({path}); on a machine with internet, python -c \"import "
+                         f"torchvision; torchvision.models.{model}(weights='DEFAULT')\" "
+                         f"downloads {path.name}: copy it there, or give its path")
+    return path
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
