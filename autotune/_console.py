@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from . import record
-from .config import StudyConfig
+from .config import StudyConfig, redact
 from .decisions import TrialResult, elapsed_of
 from .tracking import Tracker, ui_command
 
@@ -125,7 +125,7 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
         why = tracker.outbox.last_error or ""
         state = (f"did not take the records ({why})" if "MLflow's trash" in why
                  else "is unreachable")
-        echo(f"MLflow at {tracker.uri} {state}: {tracker.outbox.pending} record(s) wait "
+        echo(f"MLflow at {redact(tracker.uri)} {state}: {tracker.outbox.pending} record(s) wait "
              f"in {tracker.outbox.spool}; the next run of this study delivers them")
     echo("review the study in the MLflow UI:")
     echo(f"  {ui_command(cfg.tracking_uri, cfg.study_name)}")

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .config import redact
+
 __all__ = ["Outbox", "RUN_KEY_TAG"]
 
 log = logging.getLogger(__name__)
@@ -133,12 +135,13 @@ class Outbox:
             try:
                 self._apply(op)
             except Exception as e:  # noqa: BLE001 - MLflow down or refusing: retry later
-                self.last_error = " ".join(str(e).split())[:300]
+                # MLflow's errors quote the URL, with any password in it
+                said = redact(" ".join(str(e).split()))
+                self.last_error = said[:300]
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
                     log.warning("MLflow is unreachable (%s); records are kept in %s and "
-                                "delivered when it is back", " ".join(str(e).split())[:200],
-                                self._spool)
+                                "delivered when it is back", said[:200], self._spool)
                 with self._lock:
                     if self._closed:
                         return

@@ -115,9 +115,10 @@ class StudyConfig:
         return dataclasses.asdict(self)
 
     def public_dict(self) -> dict[str, Any]:
-        """``to_dict`` with the storage URL's password left out: what the study store, MLflow
-        and run folders keep (workers bring their own credentials)."""
-        return {**self.to_dict(), "storage": redact(self.storage)}
+        """``to_dict`` with the storage URL's and the tracking URI's passwords left out: what
+        the study store, MLflow and run folders keep (workers bring their own credentials)."""
+        return {**self.to_dict(), "storage": redact(self.storage),
+                "tracking_uri": redact(self.tracking_uri)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "stored config") -> StudyConfig:

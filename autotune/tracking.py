@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 from . import record
 from ._moved_store import follow_move
 from ._outbox import Outbox
-from .config import resolve_tracking_uri, sqlite_file
+from .config import redact, resolve_tracking_uri, sqlite_file
 
 __all__ = ["Tracker", "connect", "follow_moved_store", "leaderboard", "run_name", "ui_command",
            "STUDY_KEY", "trial_key"]
@@ -84,6 +85,8 @@ def ui_command(tracking_uri: str, study: str) -> str:
     """The shell command that opens the MLflow UI on this store, at this study."""
     uri, artifacts = resolve_tracking_uri(tracking_uri)
     where = uri if artifacts is None else str(Path(tracking_uri).expanduser().resolve())
+    if redact(where) != where:   # a tracking server's page: the browser asks for the password
+        where = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/]*@", r"\1", where)
     return f"autotune ui --tracking-uri {shlex.quote(where)} --study {shlex.quote(study)}"
 
 
@@ -143,6 +146,9 @@ class Tracker:
         # autotune retries on its own schedule; MLflow's own retries would block for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        # MLflow prints "View run ... at URL" on stdout as each run ends on a tracking server:
+        # a line between autotune's own for every trial, with any password in the URL
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.uri, artifacts = resolve_tracking_uri(tracking_uri)
         self.study_name = study_name
         self.folder = folder

@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import resolve_tracking_uri, sqlite_file, sqlite_rows, sqlite_tables
+from .config import redact, resolve_tracking_uri, sqlite_file, sqlite_rows, sqlite_tables
 from .errors import ConfigError
 from .record import STUDY_CONFIG
 from .tracking import follow_moved_store
@@ -138,7 +138,8 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
     signal.signal(signal.SIGTERM, stop)
     try:
         _wait_healthy(base, process, 120)
-        echo(f"MLflow UI for {tracking_uri}: {experiment_url(base, exp) if exp else base}")
+        echo(f"MLflow UI for {redact(tracking_uri)}: "
+             f"{experiment_url(base, exp) if exp else base}")
         echo("press Ctrl-C to stop it")
         process.wait()
     except KeyboardInterrupt:

@@ -70,6 +70,29 @@ def _load(storage: Any, study_name: str, echo: Callable[[str], None] = print
     return study, cfg, space
 
 
+def _tracking_credentials(cfg: StudyConfig) -> StudyConfig:
+    """``cfg`` with an MLflow tracking URI whose password the study did not keep
+    (``http://bob:***@host``) turned into one without it, the password coming from this
+    machine's MLFLOW_TRACKING_PASSWORD (and the user name from MLFLOW_TRACKING_USERNAME, or
+    the URI), as MLflow's client reads them; a one-line ConfigError where it is not set."""
+    import os
+    import re
+    from urllib.parse import unquote
+
+    found = re.match(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@]*):\*\*\*@"
+                     r"(?P<rest>.*)$", cfg.tracking_uri)
+    if found is None:
+        return cfg
+    if not os.environ.get("MLFLOW_TRACKING_PASSWORD"):
+        raise ConfigError(f"study {cfg.study_name!r} records to MLflow at {cfg.tracking_uri}, "
+                          "whose password the study does not keep: set "
+                          "MLFLOW_TRACKING_PASSWORD (MLflow's own variable) on this machine "
+                          "and start the worker again")
+    if found["user"]:
+        os.environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(found["user"]))
+    return dataclasses.replace(cfg, tracking_uri=found["scheme"] + found["rest"])
+
+
 def _only_study(storage: Any, storage_url: str, echo: Callable[[str], None]) -> str:
     """The name of the one autotune study in ``storage`` (a worker started without --study);
     a one-line ConfigError naming them when there are none or several."""
@@ -142,6 +165,7 @@ def run_worker(storage_url: str, study_name: str | None, echo: Callable[[str], N
         return 0
     check_allowed(cfg.trainer.program, cfg.trainer.program_sha256, allow_programs, study_name)
     cfg, size = _local_data(cfg, data_path)
+    cfg = _tracking_credentials(cfg)
     if cfg.trainer.weights:
         from trainers.models import weights_file
 

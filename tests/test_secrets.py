@@ -58,3 +58,54 @@ def test_no_output_record_or_stored_config_holds_the_password(postgres, tmp_path
         assert SECRET.encode() not in path.read_bytes(), path
     study = optuna.load_study(study_name="quickstart", storage=database_url(plain))
     assert study.user_attrs["config"]["storage"].startswith("postgresql://postgres:***@")
+
+
+@pytest.mark.mlflow_server
+def test_a_tracking_uris_password_is_kept_out_of_outputs_records_and_the_study(
+        mlflow_server, tmp_path, monkeypatch):
+    """An MLflow URI with a password (http://bob:PASSWORD@host): the study records through it,
+    and neither the terminal, the run folders, the study's stored config nor MLflow's own
+    records hold the password; a worker elsewhere, which the study cannot hand it to, is
+    told to set MLflow's own variable."""
+    import json
+
+    from mlflow import MlflowClient
+
+    url = mlflow_server.url.replace("http://", f"http://bob:{SECRET}@", 1)
+    started = run_cli("start", "study", "quickstart", "--workers", "0", "--timeout", "3",
+                      "--tracking-uri", url, cwd=tmp_path, timeout=300)
+    assert started.returncode == 0, started.stderr
+    for out in (started.stdout, started.stderr):
+        assert SECRET not in out
+    assert f"--tracking-uri http://127.0.0.1:{mlflow_server.port} --study" in started.stdout
+    for path in (p for p in tmp_path.rglob("*") if p.is_file()):
+        assert SECRET.encode() not in path.read_bytes(), path
+    study = optuna.load_study(study_name="quickstart", storage="sqlite:///" + str(
+        tmp_path / "autotune.db"))
+    assert study.user_attrs["config"]["tracking_uri"] == redact(url)
+    client = MlflowClient(tracking_uri=mlflow_server.url)
+    experiment = client.get_experiment_by_name("quickstart")
+    runs = client.search_runs([experiment.experiment_id])
+    assert runs and all(SECRET not in json.dumps(r.to_dictionary(), default=str) for r in runs)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    joined = run_cli("worker", "--storage", "sqlite:///autotune.db", cwd=tmp_path, timeout=120)
+    assert joined.returncode == 2
+    assert joined.stderr.strip().endswith(
+        f"records to MLflow at http://bob:***@127.0.0.1:{mlflow_server.port}, whose password the "
+        "study does not keep: set MLFLOW_TRACKING_PASSWORD (MLflow's own variable) on this "
+        "machine and start the worker again")
+
+
+def test_a_worker_takes_the_tracking_password_from_mlflows_own_variables(monkeypatch):
+    from autotune import config
+    from autotune.worker import _tracking_credentials
+
+    cfg = config.load("quickstart", {"tracking_uri": "https://bob%40corp:***@mlflow.corp:443"})
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    assert _tracking_credentials(cfg).tracking_uri == "https://mlflow.corp:443"
+    import os
+
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "bob@corp"
+    plain = config.load("quickstart", {"tracking_uri": "http://mlflow.corp"})
+    assert _tracking_credentials(plain) is plain
