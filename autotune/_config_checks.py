@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from typing import Any
 
@@ -211,7 +212,24 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
               f"{cfg.trainer.model} has no residual blocks to zero-initialize: set it false")
     storage = storage_url_problem(cfg.storage)
     check(storage is None, "storage", str(storage))
+    if cfg.tracking_uri.lower().startswith("file:") and os.environ.get(
+            "MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+        # MLflow 3 refuses its file store: every record would wait in the outbox for good
+        folder = re.sub(r"^file:(//)?", "", cfg.tracking_uri) or "."
+        check(False, "tracking_uri",
+              f"{cfg.tracking_uri} is MLflow's file store, which MLflow {_mlflow_version()} "
+              f"refuses; give the folder as a path ({folder}) for an SQLite store in it, or "
+              "turn an existing file store into a database with `mlflow migrate-filestore`")
     return found
+
+
+def _mlflow_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlflow")
+    except PackageNotFoundError:
+        return "3"
 
 
 def _program_problems(cfg: StudyConfig) -> list[tuple[str, str]]:

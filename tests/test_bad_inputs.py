@@ -351,6 +351,9 @@ FLAGS = {
     "seed negative": (["--seed", "-5"], "seed must be from 0 to 2147483647, got -5"),
     "ranks beyond the cores": (["--ranks", "64"], "64 ranks, but this machine has"),
     "tracking-uri in /proc": (["--tracking-uri", "/proc/x/mlruns"], "cannot be written"),
+    "tracking-uri MLflow's file store": (["--tracking-uri", "file:./mlr"],
+                                         "--tracking-uri file:./mlr is MLflow's file store, "
+                                         "which MLflow 3"),
     "run-dir in /proc": (["--run-dir", "/proc/x/runs"], "cannot be written"),
     "seed huge is fine but n-trials text": (["--n-trials", "0", "--seed", "3"],
                                             "--n-trials must be"),
