@@ -380,3 +380,29 @@ def test_linked_folders_are_followed_once_and_a_loop_back_up_is_not(tmp_path):
     source = open_source(spec, on_gpu=False)
     labels = [label for _, label in source.train.samples]
     assert labels.count(0) == 10 and labels.count(1) == labels.count(2) == 6
+
+
+def test_file_names_that_are_not_utf8_are_split_and_read_like_any_other(tmp_path):
+    """A tree unpacked from an archive made on Windows names files in its own code page
+    (`caf\\xe9.jpg`, Latin-1): Python lists them with escaped bytes, which hashing for
+    val_split refused ("'utf-8' codec can't encode character '\\udce9'"): the study ended
+    before it began."""
+    import os
+
+    from PIL import Image
+
+    from trainers.sources import read_layout
+
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(4):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / c / f"{c}{i}.png")
+    odd = os.path.join(os.fsencode(tmp_path), b"a", b"caf\xe9.png")
+    Image.new("RGB", (8, 8)).save(odd, format="PNG")
+    spec = {"kind": "imagefolder", "path": str(tmp_path), "image_size": 8, "loader_workers": 0,
+            "val_split": 0.5}
+    layout = read_layout(spec)
+    assert len(layout.train) + len(layout.val) == 9
+    assert os.fsdecode(odd) in {p for p, _ in layout.train + layout.val}
+    source = open_source(spec, on_gpu=False)
+    assert sum(len(x) for x, _ in source.eval_batches(0, 1, 8)) == len(layout.val)

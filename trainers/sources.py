@@ -442,7 +442,7 @@ def _held_out(paths: list[str], share: float) -> set[str]:
     import hashlib
 
     k = min(max(1, math.ceil(share * len(paths))), len(paths) - 1)
-    ranked = sorted(paths, key=lambda p: hashlib.sha1(os.path.basename(p).encode()).digest())
+    ranked = sorted(paths, key=lambda p: hashlib.sha1(os.fsencode(os.path.basename(p))).digest())
     return set(ranked[:k])
 
 
