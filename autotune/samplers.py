@@ -55,7 +55,7 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
-from optuna.search_space import IntersectionSearchSpace
+from optuna.search_space import intersection_search_space
 from optuna.trial import FrozenTrial, TrialState
 
 from . import record
@@ -65,6 +65,21 @@ __all__ = ["BATCH_FACTOR", "ExploringTPESampler", "SpreadSampler", "batch_cap",
            "planned_seconds", "within_cap"]
 
 _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+
+
+def _own_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """``trials`` less those that hold none of the parameters at least half the complete and
+    pruned trials hold: a trial another client added with other parameters or none (``add_trial``
+    with a value of its own) would empty the space the spread points are drawn in and sit at
+    distance 0 from every draw, leaving the study to seeded random draws that repeat on
+    every resume. Running trials are kept (their parameters come as they are drawn)."""
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    counts: dict[str, int] = {}
+    for t in finished:
+        for name in t.distributions:
+            counts[name] = counts.get(name, 0) + 1
+    common = {name for name, n in counts.items() if 2 * n >= len(finished)}
+    return [t for t in trials if not t.state.is_finished() or common & t.distributions.keys()]
 # Global batches above this many times the largest measured gradient noise scale are not
 # proposed: epochs to a target grow as E_min (1 + B / B_noise) (McCandlish et al. 2018), so
 # such a batch needs over 9 x the fewest epochs, and the largest measurement so far errs low
@@ -175,12 +190,12 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         self.cost_weight, self.failed_cost, self.neighbours = cost_weight, failed_cost, neighbours
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
-        self._space = IntersectionSearchSpace(include_pruned=True)
 
     def infer_relative_search_space(self, study: optuna.Study,
                                     trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return {name: dist for name, dist in self._space.calculate(study).items()
-                if not dist.single()}
+        ours = _own_trials(study.get_trials(deepcopy=False))
+        return {name: dist for name, dist in intersection_search_space(
+            ours, include_pruned=True).items() if not dist.single()}
 
     def _costs(self, tried: list[FrozenTrial]) -> list[float | None]:
         """Each tried trial's cost: its planned duration, ``failed_cost`` times that for one
@@ -201,7 +216,7 @@ class SpreadSampler(optuna.samplers.BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space:
             return {}
-        tried = [t for t in study.get_trials(deepcopy=False, states=_TRIED)
+        tried = [t for t in _own_trials(study.get_trials(deepcopy=False, states=_TRIED))
                  if t.number != trial.number]
         costs = self._costs(tried) if self.cost_weight > 0 else None
         allowed = capped(search_space, batch_cap(tried))

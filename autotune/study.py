@@ -61,6 +61,8 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
     if halted is not None:
         echo(f"study {cfg.study_name!r} was {describe(halted)}; resuming it")
     existing = study.get_trials(deepcopy=False)
+    if existing:   # a resume draws on from where the study is, not the first run's draws again
+        study.sampler = make_sampler(cfg, cfg.seed + 1_000_003 * len(existing))
     if not existing and cfg.warm_start:
         for point in space.warm_starts:
             study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})

@@ -300,3 +300,22 @@ def test_only_trials_that_trained_to_the_end_set_the_cap():
              trial(3.0, outcome="reached", stop_reason="reached")]
     assert batch_cap(early + ended) == 48.0          # 8 x 6, the stopped trials' 5s left out
     assert batch_cap([*early, *ended[:2]]) is None   # two that trained to the end: no cap yet
+
+
+def test_trials_another_client_added_do_not_stop_the_spread():
+    """A trial told to the study by another client, with no parameters or others
+    (`study.add_trial` with a value of its own), emptied the space the spread points are
+    drawn in and sat at distance 0 from every draw: each start of the study (a new sampler
+    with the same seed) then proposed the same point again. Now such trials are left out, and
+    a second start keeps away from the first one's proposal."""
+    study = optuna.create_study(sampler=SpreadSampler(seed=3))
+    _run(study, 6)
+    study.add_trial(optuna.trial.create_trial(value=0.5))
+    study.add_trial(optuna.trial.create_trial(
+        params={"y": 1.0}, distributions={"y": FloatDistribution(0, 2)}, value=0.1))
+    firsts = []
+    for _ in range(2):                     # two starts of the study, each with seed 3
+        study.sampler = SpreadSampler(seed=3)
+        assert study.sampler.infer_relative_search_space(study, study.trials[0]) == SPACE
+        firsts.append(dict(zip(("x", "lr"), _run(study, 1)[0], strict=True)))
+    assert distance(SPACE, *firsts) > 0.1
