@@ -102,8 +102,11 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
         if outcome == "reached" and t.value is not None and (
                 best is None or t.value < float(best.value or 0.0)):
             best = t
+        shown = t.user_attrs.get(record.PARAMS, t.params)
+        if t.state.name == "WAITING" and not shown:   # queued: the configuration it will try
+            shown = t.system_attrs.get("fixed_params") or {}
         params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in t.user_attrs.get(record.PARAMS, t.params).items())
+                          for k, v in shown.items())
         echo(f"{t.number:>5}  {t.state.name:8}  {outcome:10}  "
              f"{t.user_attrs.get(record.STOP_REASON, ''):14}  {value:>9}  {params}")
     workers = _workers(storage, study_name)

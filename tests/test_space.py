@@ -279,3 +279,17 @@ def test_the_worker_drops_a_hand_enqueued_configuration_outside_the_space_and_sa
     why = dropped.user_attrs[record.DETAIL]
     assert capsys.readouterr().out == f"autotune: trial 0 dropped: {why}\n"
     assert trial.number == 1 and set(params) >= {"global_batch", "decay"}
+
+
+def test_status_lists_a_queued_configuration_with_its_values(tmp_path, monkeypatch, capsys):
+    from autotune import record
+    from autotune.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    study = optuna.create_study(study_name="q", storage="sqlite:///autotune.db")
+    study.set_user_attr(record.STUDY_CONFIG, {"study_name": "q"})
+    study.enqueue_trial({"global_batch": 64, "lr_per_256": 0.05})
+    assert main(["status", "q"]) == 0
+    queued = [line for line in capsys.readouterr().out.splitlines() if "WAITING" in line]
+    assert queued == [f"{0:>5}  WAITING   {'':10}  {'':14}  {'':>9}  global_batch=64 "
+                      "lr_per_256=0.05"]
