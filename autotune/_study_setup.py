@@ -208,7 +208,8 @@ def _check_weights(cfg: StudyConfig) -> None:
     from trainers.sources import image_size_of
 
     try:
-        state = read_weights(weights_file(cfg.trainer.weights, cfg.trainer.model))
+        state = read_weights(weights_file(cfg.trainer.weights, cfg.trainer.model),
+                             cfg.trainer.model)
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: trainer.{e}") from None
     model = getattr(torchvision.models, cfg.trainer.model)(**model_kwargs(

@@ -521,6 +521,8 @@ def test_an_interrupt_before_any_trial_says_no_trial_was_failed(workdir, capsys)
     ("numbers.pth", "trainer.weights {dir}/numbers.pth hold no state dict (a list)"),
     ("squeezenet.pth", "trainer.weights {dir}/squeezenet.pth: do not fit resnet18 (missing: "
                        "conv1.weight, bn1.weight, bn1.bias, ...; not in it: features.0.weight"),
+    ("saved34.pt", "trainer.weights {dir}/saved34.pt are a resnet34 model a trial saved; set "
+                   "trainer.model: resnet34, or give weights of resnet18"),
 ])
 def test_weights_that_cannot_start_the_model_are_refused_before_anything_is_written(
         weights, says, workdir, capsys):
@@ -530,5 +532,9 @@ def test_weights_that_cannot_start_the_model_are_refused_before_anything_is_writ
     (workdir / "notes.pth").write_text("not weights")
     torch.save([1, 2, 3], workdir / "numbers.pth")
     torch.save(torchvision.models.squeezenet1_1().state_dict(), workdir / "squeezenet.pth")
+    from trainers.models import MODEL_FORMAT
+
+    torch.save({"format": MODEL_FORMAT, "model": "resnet34",
+                "state_dict": {"fc.bias": torch.zeros(3)}}, workdir / "saved34.pt")
     (workdir / "study.yaml").write_text(f"study_name: bad\ntrainer: {{weights: {weights}}}\n")
     _refused(["start", "study", "study.yaml"], says.format(dir=workdir), workdir, capsys)

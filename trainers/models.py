@@ -56,8 +56,8 @@ def build_model(plan: dict[str, Any], num_classes: int) -> torch.nn.Module:
     model = factory(**model_kwargs(plan["model"], num_classes, size,
                                    bool(plan["zero_init_residual"])))
     if plan.get("weights"):
-        fit_weights(model, read_weights(weights_file(plan["weights"], plan["model"])),
-                    plan["model"])
+        fit_weights(model, read_weights(weights_file(plan["weights"], plan["model"]),
+                                        plan["model"]), plan["model"])
     return model
 
 
@@ -87,11 +87,12 @@ def weights_file(weights: str, model: str) -> Path:
     return path
 
 
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+def read_weights(path: str | Path, model: str | None = None) -> dict[str, torch.Tensor]:
     """The state dict in the file ``path``: a plain one (torchvision's .pth), a model.pt a
-    trial saved (autotune.load_model's format), or a training checkpoint that keeps it under
-    ``state_dict``, ``model`` or ``module``; its names without wrappers' prefixes. A one-line
-    ValueError for anything else."""
+    trial saved (autotune.load_model's format; one of another model than ``model`` is told
+    which), or a training checkpoint that keeps it under ``state_dict``, ``model`` or
+    ``module``; its names without wrappers' prefixes. A one-line ValueError for anything
+    else."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"weights {path}: no such file")
@@ -101,6 +102,10 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"weights {path} cannot be read as a state dict (torch.load: "
                          f"{type(e).__name__}); give a file torch.save wrote a model's "
                          "state_dict() to") from None
+    if isinstance(saved, dict) and saved.get("format") == MODEL_FORMAT and model is not None \
+            and saved.get("model") != model:
+        raise ValueError(f"weights {path} are a {saved.get('model')} model a trial saved; set "
+                         f"trainer.model: {saved.get('model')}, or give weights of {model}")
     for key in ("state_dict", "model", "module"):
         if isinstance(saved, dict) and isinstance(saved.get(key), dict):
             saved = saved[key]
