@@ -65,9 +65,14 @@ def follow_moved_store(tracking_uri: str) -> str | None:
     db = sqlite_file(uri)
     if artifacts is None or db is None or not db.is_file():
         return None
-    with open(db.parent / f"{db.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        moved = follow_move(db)
+    import sqlite3
+
+    try:
+        with open(db.parent / f"{db.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            moved = follow_move(db)
+    except (OSError, sqlite3.Error):   # read-only, locked for a minute, damaged: MLflow says
+        return None
     if not moved:
         return None
     from urllib.parse import unquote, urlparse

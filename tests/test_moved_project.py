@@ -137,3 +137,10 @@ def test_the_best_model_is_found_in_the_run_folder_it_moved_with(tmp_path):
         record.MODEL: str(tmp_path / "a" / "autotune-runs" / "exp" / "trial-3" / "model.pt")})
     assert model_note(trial, (str(tmp_path / "b" / "autotune-runs"),)) == str(saved)
     assert model_note(trial, (str(tmp_path / "c"),)).endswith("model.pt (removed since)")
+
+
+def test_a_store_that_cannot_be_read_is_left_to_mlflow_to_report(tmp_path):
+    (tmp_path / "mlruns").mkdir()
+    (tmp_path / "mlruns" / "mlflow.db").write_text("not a database")
+    assert follow_moved_store(str(tmp_path / "mlruns")) is None
+    assert (tmp_path / "mlruns" / "mlflow.db").read_text() == "not a database"
