@@ -161,6 +161,28 @@ def test_a_report_without_the_target_metric_or_before_start_says_what_to_do(tmp_
     with pytest.raises(ValueError, match="got top1=85.3; the target metric is an accuracy, "
                                          "a share from 0 to 1"):
         trial.report(top1=85.3)
+    with pytest.raises(ValueError, match="got top1 with 3 values; report one number"):
+        trial.report(top1=torch.tensor([0.1, 0.2, 0.3]))
+    with pytest.raises(ValueError, match="got top1='0.5', a str; report numbers"):
+        trial.report(top1="0.5")
+
+
+def test_a_report_of_tensors_and_numpy_numbers_goes_as_plain_numbers(tmp_path):
+    """What a training loop computes (`correct / total` of tensors, a NumPy mean) is reported
+    by its value; it used to end the script in the report's JSON ("Object of type Tensor is not
+    JSON serializable"), and a tensor of 85.3 slipped past the share check."""
+    import numpy as np
+
+    worker = Worker()
+    trial = api.Trial(plan_for(tmp_path), worker)
+    trial.start()
+    trial.step_done()
+    trial.report(top1=torch.tensor(3) / torch.tensor(4), loss=np.float32(0.25))
+    report = worker.of("eval")[-1]
+    assert report["top1"] == 0.75 and type(report["top1"]) is float
+    assert report["loss"] == 0.25 and type(report["loss"]) is float
+    with pytest.raises(ValueError, match="a share from 0 to 1"):
+        trial.report(top1=torch.tensor(85.3))
 
 
 def test_a_script_that_leaves_its_loop_early_ends_as_such(tmp_path):

@@ -153,6 +153,26 @@ def _open_process_group(device: str) -> None:
                             world_size=1)
 
 
+def _number(key: str, value: Any) -> Any:
+    """A reported metric as a plain number: a one-element tensor or a NumPy number (what
+    ``correct / total`` gives in a training loop) is taken by its value; anything else that is
+    not a number is refused in one line (it would not go into the report's JSON)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if not isinstance(value, int | float) and callable(getattr(value, "item", None)):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):   # more than one element
+            count = (value.numel() if callable(getattr(value, "numel", None))
+                     else getattr(value, "size", "several"))
+            raise ValueError(f"trial.report() got {key} with {count} values; report one "
+                             "number (a mean, or .item() of one)") from None
+    if isinstance(value, int | float):
+        return value
+    raise ValueError(f"trial.report() got {key}={value!r}, a {type(value).__name__}; report "
+                     "numbers")
+
+
 class Trial:
     """One trial on one rank (see the module docstring). ``plan`` is the resolved plan;
     ``state`` what a checkpoint carries besides the script's own (step, epoch, clock, best
@@ -317,6 +337,7 @@ class Trial:
         epoch, step, images seen, LR and images per second are added unless given."""
         if self.clock is None:
             raise RuntimeError("call trial.start() before reporting")
+        metrics = {key: _number(key, value) for key, value in metrics.items()}
         st, plan = self.state, self.plan
         metric = str(plan["target"]["metric"])
         if metric not in metrics:
