@@ -44,17 +44,24 @@ class SavedModel:
 
     def predict(self, images: Any) -> list[str]:
         """The class name predicted for each of ``images``: image files (paths), PIL images,
-        or a batch tensor already prepared as ``transform`` prepares one (one path or image
-        alone: a list of one). Files are opened as the trainer opens them and predicted
-        ``PREDICT_BATCH`` at a time; one that is missing or cannot be decoded raises
-        ``ImageFileError`` naming it."""
+        NumPy arrays as OpenCV, imageio or matplotlib give them (H x W or H x W x 3, 8-bit or
+        floats in [0, 1]; OpenCV's are BGR: reverse the last axis first), or a batch tensor
+        already prepared as ``transform`` prepares one (one path, image or H x W (x C) array
+        alone: a list of one; an N x H x W x C array: N images). Files are opened as the
+        trainer opens them and predicted ``PREDICT_BATCH`` at a time; one that is missing or
+        cannot be decoded raises ``ImageFileError`` naming it, as does anything else given."""
+        import numpy as np
         import torch
 
         if isinstance(images, torch.Tensor):
             return self._labels(images if images.dim() == 4 else images.unsqueeze(0))
-        if isinstance(images, str | Path) or hasattr(images, "convert"):
+        if isinstance(images, str | Path) or hasattr(images, "convert") or (
+                isinstance(images, np.ndarray) and images.ndim in (2, 3)):
             images = [images]
-        images = list(images)
+        try:
+            images = list(images)
+        except TypeError:
+            raise ImageFileError(_WHAT_PREDICT_TAKES.format(type(images).__name__)) from None
         if images and self.transform is None:
             raise ModelFileError(f"this model trained on {self.info['data'].get('kind')} "
                                  "data, which has no image preparation; pass a tensor")
@@ -72,12 +79,22 @@ class SavedModel:
         return [self.classes[i] for i in labels]
 
 
+_WHAT_PREDICT_TAKES = ("predict takes image files (paths), PIL images, NumPy arrays (H x W or "
+                       "H x W x 3) or a prepared tensor, or a list of them; got a {}")
+
+
 def _rgb(image: Any) -> Any:
-    """An image file (path) or PIL image in RGB, as the trainer reads it."""
+    """An image file (path), PIL image or NumPy array in RGB, as the trainer reads it."""
+    import numpy as np
+
     from trainers.sources import as_rgb, decode_error, open_image
 
-    if not isinstance(image, str | Path):
+    if isinstance(image, np.ndarray):
+        return as_rgb(_from_array(image))
+    if hasattr(image, "convert"):
         return as_rgb(image)
+    if not isinstance(image, str | Path):
+        raise ImageFileError(_WHAT_PREDICT_TAKES.format(type(image).__name__))
     if not Path(image).is_file():
         what = "is a folder" if Path(image).is_dir() else "is not there"
         raise ImageFileError(f"{image} {what}; give the path of an image file")
@@ -86,6 +103,24 @@ def _rgb(image: Any) -> Any:
     except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
         raise ImageFileError(f"{image} cannot be decoded as an image ({decode_error(e)}); "
                              "give a .jpg, .png or another image file PIL reads") from None
+
+
+def _from_array(array: Any) -> Any:
+    """A PIL image of an H x W or H x W x C (1, 3 or 4 channels) array: 8-bit as it is,
+    floats in [0, 1] (or [0, 255]) scaled to 8 bits."""
+    import numpy as np
+    from PIL import Image
+
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
+        raise ImageFileError(f"an array of shape {tuple(array.shape)} is no image; give "
+                             "H x W or H x W x 3 (channels last)")
+    if array.dtype != np.uint8:
+        values = np.nan_to_num(array.astype(np.float64))
+        scale = 255.0 if values.size and values.max() <= 1.0 else 1.0
+        array = (values * scale).clip(0, 255).round().astype(np.uint8)
+    return Image.fromarray(np.ascontiguousarray(array))
 
 
 def load_model(path: str | Path) -> SavedModel:

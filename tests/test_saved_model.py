@@ -70,6 +70,15 @@ def test_a_trial_that_reaches_its_target_saves_the_model_it_evaluated(tmp_path):
     assert saved.predict([Image.open(p) for p in paths[:4]]) == predicted[:4]  # PIL images too
     assert saved.predict(paths[5]) == predicted[5:6] == saved.predict(Image.open(paths[5]))
     assert saved.predict([]) == []
+    # NumPy arrays as OpenCV, imageio or matplotlib give them: 8-bit, floats in [0, 1], a stack
+    import numpy as np
+
+    arrays = [np.asarray(Image.open(p).convert("RGB")) for p in paths[:4]]
+    assert saved.predict(arrays) == predicted[:4] == saved.predict(np.stack(arrays))
+    assert saved.predict(arrays[2]) == predicted[2:3] == saved.predict(arrays[2] / 255.0)
+    for given, says in ((5, "got a int"), (np.zeros((3, 8, 8)), "shape (3, 8, 8) is no image")):
+        with pytest.raises(ImageFileError, match=re.escape(says)):
+            saved.predict(given)
     (tmp_path / "cut.png").write_bytes(paths[0].read_bytes()[:60])
     for path, says in ((tmp_path / "cut.png", "cannot be decoded as an image ("),
                        (tmp_path / "gone.png", "is not there"), (tmp_path, "is a folder")):
