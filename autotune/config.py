@@ -510,6 +510,12 @@ def default_space(trainer: Any) -> str:
 _PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^/\s]+)@")
 
 
+def without_credentials(url: str) -> str:
+    """``url`` without its user name and password (``http://bob:pw@host`` -> ``http://host``):
+    a page to open in a browser, which asks for them, or to probe without them."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@", r"\1", url)
+
+
 def redact(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***``
     (``postgresql://user:***@host/db``): what autotune prints, logs and records."""

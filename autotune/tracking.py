@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -23,7 +22,7 @@ from typing import Any
 from . import record
 from ._moved_store import follow_move
 from ._outbox import Outbox
-from .config import redact, resolve_tracking_uri, sqlite_file
+from .config import redact, resolve_tracking_uri, sqlite_file, without_credentials
 
 __all__ = ["Tracker", "connect", "follow_moved_store", "leaderboard", "run_name", "ui_command",
            "STUDY_KEY", "trial_key"]
@@ -91,7 +90,7 @@ def ui_command(tracking_uri: str, study: str) -> str:
     uri, artifacts = resolve_tracking_uri(tracking_uri)
     where = uri if artifacts is None else str(Path(tracking_uri).expanduser().resolve())
     if redact(where) != where:   # a tracking server's page: the browser asks for the password
-        where = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/]*@", r"\1", where)
+        where = without_credentials(where)
     return f"autotune ui --tracking-uri {shlex.quote(where)} --study {shlex.quote(study)}"
 
 

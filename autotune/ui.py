@@ -12,7 +12,14 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import redact, resolve_tracking_uri, sqlite_file, sqlite_rows, sqlite_tables
+from .config import (
+    redact,
+    resolve_tracking_uri,
+    sqlite_file,
+    sqlite_rows,
+    sqlite_tables,
+    without_credentials,
+)
 from .errors import ConfigError
 from .record import STUDY_CONFIG
 from .tracking import follow_moved_store
@@ -33,7 +40,7 @@ def _experiment_id(uri: str, study: str | None) -> str | None:
         exp = client.get_experiment_by_name(study)
         if exp is None:
             names = [e.name for e in client.search_experiments() if e.name != "Default"]
-            raise ConfigError(f"no study {study!r} in {uri}; studies there: "
+            raise ConfigError(f"no study {study!r} in {redact(uri)}; studies there: "
                               f"{', '.join(names) or 'none'}")
         return str(exp.experiment_id)
     studies = [e for e in client.search_experiments() if e.name != "Default"]
@@ -43,8 +50,9 @@ def _experiment_id(uri: str, study: str | None) -> str | None:
 def _require_answer(uri: str, timeout_s: float = 5.0) -> None:
     """A one-line error now, not MLflow's client retrying for minutes, when the tracking
     server at ``uri`` does not answer."""
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+    try:   # without credentials: urllib cannot read them from a URL; /health needs none
+        with urllib.request.urlopen(f"{without_credentials(uri).rstrip('/')}/health",
+                                    timeout=timeout_s):
             return
     except urllib.error.HTTPError:
         return      # it answered (a server behind a proxy may have no /health): MLflow judges
@@ -52,8 +60,9 @@ def _require_answer(uri: str, timeout_s: float = 5.0) -> None:
         reason = getattr(e, "reason", e)
         if isinstance(reason, ssl.SSLError):
             return  # it answered; trusting its certificate is MLflow's (MLFLOW_TRACKING_*)
-        raise ConfigError(f"the MLflow server at {uri} does not answer ({reason}); start it, "
-                          "or give --tracking-uri the folder of a local store") from None
+        raise ConfigError(f"the MLflow server at {redact(uri)} does not answer ({reason}); "
+                          "start it, or give --tracking-uri the folder of a local store"
+                          ) from None
 
 
 def _require_mlflow_store(store: Path, tracking_uri: str) -> None:
@@ -115,7 +124,8 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
     if uri.startswith(("http://", "https://")):
         _require_answer(uri)
         exp = _experiment_id(uri, study)
-        echo(experiment_url(uri, exp) if exp else uri)
+        page = without_credentials(uri)       # the browser asks for them
+        echo(experiment_url(page, exp) if exp else page)
         return 0
     store = sqlite_file(uri)
     if store is not None and not store.is_file():

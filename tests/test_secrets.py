@@ -87,6 +87,11 @@ def test_a_tracking_uris_password_is_kept_out_of_outputs_records_and_the_study(
     experiment = client.get_experiment_by_name("quickstart")
     runs = client.search_runs([experiment.experiment_id])
     assert runs and all(SECRET not in json.dumps(r.to_dictionary(), default=str) for r in runs)
+    page = run_cli("ui", "--tracking-uri", url, "--study", "quickstart", cwd=tmp_path,
+                   timeout=120)       # a tracking server: autotune ui prints its study's page
+    assert page.returncode == 0, page.stderr
+    assert page.stdout.strip() == (f"http://127.0.0.1:{mlflow_server.port}/#/experiments/"
+                                   f"{experiment.experiment_id}/runs")
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
     joined = run_cli("worker", "--storage", "sqlite:///autotune.db", cwd=tmp_path, timeout=120)
     assert joined.returncode == 2
@@ -109,3 +114,13 @@ def test_a_worker_takes_the_tracking_password_from_mlflows_own_variables(monkeyp
     assert os.environ["MLFLOW_TRACKING_USERNAME"] == "bob@corp"
     plain = config.load("quickstart", {"tracking_uri": "http://mlflow.corp"})
     assert _tracking_credentials(plain) is plain
+
+
+def test_ui_on_a_tracking_server_that_does_not_answer_names_it_without_the_password(capsys):
+    from autotune.cli import main
+
+    assert main(["ui", "--tracking-uri", f"http://bob:{SECRET}@127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert SECRET not in err and err.count("\n") == 1
+    assert "the MLflow server at http://bob:***@127.0.0.1:1 does not answer (" in err
+    assert "Name or service not known" not in err     # probed without the credentials
