@@ -199,3 +199,27 @@ def test_a_worker_without_study_joins_the_only_one_and_names_them_when_there_are
     assert capsys.readouterr().err == (
         f"autotune: error: {url} holds 2 autotune studies (digits-a, digits-b); name one with "
         "--study NAME\n")
+
+
+def test_a_worker_where_the_studys_weights_are_not_is_told_in_one_line(tmp_path, monkeypatch,
+                                                                       capsys):
+    """A study that starts its models from a file (`trainer.weights`) needs it on every
+    worker's machine: a worker where it is not says so before it takes a trial."""
+    import dataclasses
+
+    from autotune import _study_setup, config, record
+    from autotune.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    cfg, space, _ = _study_setup.prepare(config.load("quickstart"))
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, weights=str(tmp_path / "elsewhere" / "resnet18.pth")))
+    study = optuna.create_study(study_name="tuned", storage=url)
+    study.set_user_attr(record.STUDY_SPACE, space.to_dict())
+    study.set_user_attr(record.STUDY_CONFIG, {**cfg.public_dict(), "study_name": "tuned"})
+    assert main(["worker", "--storage", url, "--study", "tuned"]) == 2
+    assert capsys.readouterr().err == (
+        f"autotune: error: study 'tuned' starts its models from {tmp_path}/elsewhere/"
+        "resnet18.pth, which is not on this machine; copy the file to that path here\n")
+    assert study.trials == []
