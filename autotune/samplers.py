@@ -66,20 +66,6 @@ __all__ = ["BATCH_FACTOR", "ExploringTPESampler", "SpreadSampler", "batch_cap",
 
 _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 
-
-def _own_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-    """``trials`` less those that hold none of the parameters at least half the complete and
-    pruned trials hold: a trial another client added with other parameters or none (``add_trial``
-    with a value of its own) would empty the space the spread points are drawn in and sit at
-    distance 0 from every draw, leaving the study to seeded random draws that repeat on
-    every resume. Running trials are kept (their parameters come as they are drawn)."""
-    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    counts: dict[str, int] = {}
-    for t in finished:
-        for name in t.distributions:
-            counts[name] = counts.get(name, 0) + 1
-    common = {name for name, n in counts.items() if 2 * n >= len(finished)}
-    return [t for t in trials if not t.state.is_finished() or common & t.distributions.keys()]
 # Global batches above this many times the largest measured gradient noise scale are not
 # proposed: epochs to a target grow as E_min (1 + B / B_noise) (McCandlish et al. 2018), so
 # such a batch needs over 9 x the fewest epochs, and the largest measurement so far errs low
@@ -163,6 +149,21 @@ def _study_cap(study: optuna.Study, trial: FrozenTrial) -> float | None:
     """``batch_cap`` over the trials ``study`` has tried or is trying, ``trial`` aside."""
     return batch_cap([t for t in study.get_trials(deepcopy=False, states=_TRIED)
                       if t.number != trial.number])
+
+
+def _own_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """``trials`` less those that hold none of the parameters at least half the complete and
+    pruned trials hold: a trial another client added with other parameters or none (``add_trial``
+    with a value of its own) would empty the space the spread points are drawn in and sit at
+    distance 0 from every draw, leaving the study to seeded random draws that repeat on
+    every resume. Running trials are kept (their parameters come as they are drawn)."""
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    counts: dict[str, int] = {}
+    for t in finished:
+        for name in t.distributions:
+            counts[name] = counts.get(name, 0) + 1
+    common = {name for name, n in counts.items() if 2 * n >= len(finished)}
+    return [t for t in trials if not t.state.is_finished() or common & t.distributions.keys()]
 
 
 class SpreadSampler(optuna.samplers.BaseSampler):

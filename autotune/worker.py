@@ -20,7 +20,7 @@ from . import record
 from ._channel import is_server_url
 from ._console import budget_left, format_result, quiet_libraries
 from ._preflight import check_ranks, check_writable
-from .config import StudyConfig, redact
+from .config import StudyConfig, redact, without_credentials
 from .control import WorkerSession, registry_for, worker_name
 from .decisions import TrialResult, systematic_failure
 from .errors import ConfigError, StudyFailing
@@ -76,21 +76,19 @@ def _tracking_credentials(cfg: StudyConfig) -> StudyConfig:
     machine's MLFLOW_TRACKING_PASSWORD (and the user name from MLFLOW_TRACKING_USERNAME, or
     the URI), as MLflow's client reads them; a one-line ConfigError where it is not set."""
     import os
-    import re
-    from urllib.parse import unquote
+    from urllib.parse import unquote, urlparse
 
-    found = re.match(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@]*):\*\*\*@"
-                     r"(?P<rest>.*)$", cfg.tracking_uri)
-    if found is None:
+    if ":***@" not in cfg.tracking_uri:      # no password, or redact() did not hide one
         return cfg
     if not os.environ.get("MLFLOW_TRACKING_PASSWORD"):
         raise ConfigError(f"study {cfg.study_name!r} records to MLflow at {cfg.tracking_uri}, "
                           "whose password the study does not keep: set "
                           "MLFLOW_TRACKING_PASSWORD (MLflow's own variable) on this machine "
                           "and start the worker again")
-    if found["user"]:
-        os.environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(found["user"]))
-    return dataclasses.replace(cfg, tracking_uri=found["scheme"] + found["rest"])
+    user = urlparse(cfg.tracking_uri).username
+    if user:
+        os.environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(user))
+    return dataclasses.replace(cfg, tracking_uri=without_credentials(cfg.tracking_uri))
 
 
 def _only_study(storage: Any, storage_url: str, echo: Callable[[str], None]) -> str:
