@@ -127,8 +127,13 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
                  else "is unreachable")
         echo(f"MLflow at {redact(tracker.uri)} {state}: {tracker.outbox.pending} record(s) wait "
              f"in {tracker.outbox.spool}; the next run of this study delivers them")
-    echo("review the study in the MLflow UI:")
-    echo(f"  {ui_command(cfg.tracking_uri, cfg.study_name)}")
+    experiment = tracker.experiment_name
+    if experiment != cfg.study_name:
+        echo(f"review the study in the MLflow UI (experiment {experiment!r}: "
+             f"{cfg.study_name!r} holds another study's records):")
+    else:
+        echo("review the study in the MLflow UI:")
+    echo(f"  {ui_command(cfg.tracking_uri, experiment)}")
     return 0
 
 

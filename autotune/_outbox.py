@@ -24,10 +24,11 @@ from typing import Any
 
 from .config import redact
 
-__all__ = ["Outbox", "RUN_KEY_TAG"]
+__all__ = ["Outbox", "RUN_KEY_TAG", "UID_TAG"]
 
 log = logging.getLogger(__name__)
 RUN_KEY_TAG = "autotune.run_key"
+UID_TAG = "autotune.study_uid"     # the study an experiment records (``record.STUDY_UID``)
 _MAX_BACKOFF_S = 30.0
 
 
@@ -51,12 +52,16 @@ class Outbox:
 
     def __init__(self, connect: Callable[[], Any], spool: Path, experiment: str,
                  experiment_tags: dict[str, str] | None = None,
-                 artifact_location: str | None = None) -> None:
+                 artifact_location: str | None = None, uid: str | None = None) -> None:
         self._connect = connect             # makes the MlflowClient, in the delivery thread
         self._connected: Any = None
         self._spool = spool
         self._experiment = experiment
+        self._uid = uid
         self._experiment_tags = dict(experiment_tags or {})
+        if uid is not None:
+            self._experiment_tags[UID_TAG] = uid
+        self.experiment_name: str | None = None   # the experiment's name, once found or made
         self._artifact_location = artifact_location
         self._experiment_id: str | None = None
         self._lock = threading.Condition()
@@ -184,21 +189,66 @@ class Outbox:
 
     def experiment_id(self) -> str:
         """The study's experiment, created on first use. One in MLflow's trash (deleted in
-        its UI) takes no run: ``DeletedExperiment`` says so, and the records wait."""
+        its UI) takes no run: ``DeletedExperiment`` says so, and the records wait.
+
+        A study with a ``uid`` records to the experiment tagged with it; where there is none
+        yet, to a new one named after the study, or, where that name is taken by another
+        study's experiment (a study of the same name in another store, or one whose store was
+        deleted to start over), ``NAME-2``, ``NAME-3``, ...: its records never land in another
+        study's runs. Without a uid (a study begun before autotune kept one), the experiment
+        of the study's name."""
         if self._experiment_id is None:
-            exp = self._client.get_experiment_by_name(self._experiment)
-            if exp is not None and getattr(exp, "lifecycle_stage", "active") == "deleted":
-                raise DeletedExperiment(deleted_experiment(self._experiment,
-                                                           str(exp.experiment_id)))
-            if exp is not None:
-                self._experiment_id = str(exp.experiment_id)
+            if self._uid is None:
+                exp = self._client.get_experiment_by_name(self._experiment)
+                if exp is None:
+                    self._experiment_id = self._create(self._experiment)
+                else:
+                    self._experiment_id = self._usable(exp)
+                self.experiment_name = self._experiment
             else:
-                kwargs = {}
-                if self._artifact_location:
-                    kwargs["artifact_location"] = f"{self._artifact_location}/{self._experiment}"
-                self._experiment_id = str(self._client.create_experiment(
-                    self._experiment, tags=self._experiment_tags, **kwargs))
+                self._experiment_id = self._own_experiment()
         return self._experiment_id
+
+    def _usable(self, exp: Any) -> str:
+        if getattr(exp, "lifecycle_stage", "active") == "deleted":
+            raise DeletedExperiment(deleted_experiment(exp.name, str(exp.experiment_id)))
+        return str(exp.experiment_id)
+
+    def _create(self, name: str) -> str:
+        kwargs = {}
+        if self._artifact_location:
+            kwargs["artifact_location"] = f"{self._artifact_location}/{name}"
+        return str(self._client.create_experiment(name, tags=self._experiment_tags, **kwargs))
+
+    def _own_experiment(self) -> str:
+        from mlflow.entities import ViewType
+
+        for _ in range(100):
+            found = self._client.search_experiments(
+                view_type=ViewType.ALL, filter_string=f"tags.`{UID_TAG}` = '{self._uid}'")
+            if found:
+                exp = min(found, key=lambda e: int(e.experiment_id) if str(
+                    e.experiment_id).isdigit() else 0)
+                self.experiment_name = str(exp.name)
+                return self._usable(exp)
+            number = 1
+            name = self._experiment
+            while self._client.get_experiment_by_name(name) is not None:  # deleted ones too
+                number += 1
+                name = f"{self._experiment}-{number}"
+            try:
+                made = self._create(name)
+            except Exception:  # noqa: BLE001 - made meanwhile (by a worker of this study?)
+                if self._client.get_experiment_by_name(name) is None:
+                    raise                   # not a name taken: MLflow's own error stands
+                continue
+            if name != self._experiment:
+                log.warning("the MLflow experiment %r holds another study's records (a study "
+                            "of that name in another store, or one whose store was deleted); "
+                            "this study records to %r", self._experiment, name)
+            self.experiment_name = name
+            return made
+        raise RuntimeError(f"no free MLflow experiment name after {self._experiment!r}")
 
     def _apply(self, op: dict[str, Any]) -> None:
         handler: Callable[[dict[str, Any]], None] = getattr(self, f"_op_{op['op']}")

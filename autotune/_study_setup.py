@@ -30,7 +30,7 @@ from .plan import Hardware, resolve
 from .space import DataInfo, SearchSpace, check_space, load_space
 from .store import foreign_study
 
-__all__ = ["check_resumed_config", "checked_space", "prepare"]
+__all__ = ["check_experiment", "check_resumed_config", "checked_space", "prepare"]
 
 
 def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:
@@ -78,7 +78,6 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     its data's number of classes), the search space and the number of training images."""
     cfg = _absolute_paths(_absolute_data(cfg))
     _check_stores_apart(cfg)
-    _check_experiment(cfg)
     check_writable(cfg.tracking_uri, "tracking_uri")
     check_writable(cfg.run_dir, "run_dir")
     if cfg.workers >= 1:
@@ -114,26 +113,36 @@ def _check_stores_apart(cfg: StudyConfig) -> None:
                           "tracking_uri at mlruns (the default) or name another")
 
 
-def _check_experiment(cfg: StudyConfig) -> None:
-    """Refuses a study whose MLflow experiment is in MLflow's trash (deleted in its UI), where
-    a local store says so at once (read-only, without MLflow): MLflow takes no run in it, and
-    the study's records would wait for good. A tracking server is asked by the records' own
-    delivery, which says the same."""
+def check_experiment(cfg: StudyConfig, uid: str | None, new: bool) -> None:
+    """Refuses to resume a study whose MLflow experiment is in MLflow's trash (deleted in its
+    UI), where a local store says so at once (read-only, without MLflow): MLflow takes no run
+    in it, and the study's records would wait for good. A new study takes another name where
+    its own is in the trash (``_outbox``), and a tracking server is asked by the records' own
+    delivery, which says the same. The experiment is the one tagged with the study's ``uid``,
+    or, for a study begun before autotune kept one, the one of its name."""
     import sqlite3
 
-    from ._outbox import deleted_experiment
+    from ._outbox import UID_TAG, deleted_experiment
 
+    if new:
+        return
     uri = resolve_tracking_uri(cfg.tracking_uri)[0]
     db = sqlite_file(uri)
     if db is None or not db.is_file():
         return
     try:
-        rows = sqlite_rows(db, "SELECT experiment_id, lifecycle_stage FROM experiments WHERE "
-                               "name = ?", cfg.study_name)
+        if uid is None:
+            rows = sqlite_rows(db, "SELECT experiment_id, lifecycle_stage, name FROM "
+                                   "experiments WHERE name = ?", cfg.study_name)
+        else:
+            rows = sqlite_rows(db, "SELECT e.experiment_id, e.lifecycle_stage, e.name FROM "
+                                   "experiments e JOIN experiment_tags t ON t.experiment_id = "
+                                   "e.experiment_id WHERE t.key = ? AND t.value = ?", UID_TAG,
+                               uid)
     except sqlite3.Error:
         return   # not readable so: MLflow's own client says what is wrong, when it records
     if rows and rows[0][1] == "deleted":
-        raise ConfigError(deleted_experiment(cfg.study_name, str(rows[0][0]), uri))
+        raise ConfigError(deleted_experiment(str(rows[0][2]), str(rows[0][0]), uri))
 
 
 def _bare(url: str) -> str:

@@ -21,7 +21,8 @@ from . import record
 from ._channel import is_server_url
 from ._config_checks import cadence_warning
 from ._console import Print, budget_left, finished, format_result, result_of, summarize
-from ._study_setup import check_resumed_config, prepare
+from ._study_folder import new_uid, study_folder, study_uid
+from ._study_setup import check_experiment, check_resumed_config, prepare
 from .config import StudyConfig, redact
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
 from .db import utcnow
@@ -56,6 +57,7 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         study_name=cfg.study_name, storage=storage, direction="minimize", load_if_exists=True,
         sampler=make_sampler(cfg, cfg.seed),
         pruner=make_pruner(cfg))
+    check_experiment(cfg, study_uid(study), new=record.STUDY_CONFIG not in study.user_attrs)
     check_resumed_config(cfg, study, accept_changes, echo)
     halted = clear_stop(study)
     if halted is not None:
@@ -67,13 +69,20 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         for point in space.warm_starts:
             study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})
     if record.STUDY_CONFIG not in study.user_attrs:  # workers wait for it before joining
+        study.set_user_attr(record.STUDY_UID, new_uid())
         study.set_user_attr(record.STUDY_SPACE, space.to_dict())
         study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
-    folder = Path(cfg.run_dir) / cfg.study_name
+    uid = study_uid(study)
+    folder = study_folder(Path(cfg.run_dir), cfg.study_name, uid)
+    if folder.name != cfg.study_name:
+        echo(f"{Path(cfg.run_dir) / cfg.study_name} holds another study's files (a study of "
+             "that name in another store, or one whose store was deleted): this study's go to "
+             f"{folder}")
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder,
                       {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
                        "autotune.search_space": space.name,
-                       "autotune.storage": cfg.storage.split(":", 1)[0]})
+                       "autotune.storage": cfg.storage.split(":", 1)[0],
+                       "autotune.study": cfg.study_name}, uid=uid)
     registry = registry_for(cfg.storage)
     if not is_server_url(cfg.storage):  # trials of workers that died meanwhile
         recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)

@@ -146,7 +146,8 @@ class Tracker:
     """Writes one study's records to MLflow, through an outbox in ``folder``."""
 
     def __init__(self, tracking_uri: str, study_name: str, folder: Path,
-                 experiment_tags: Mapping[str, str] | None = None) -> None:
+                 experiment_tags: Mapping[str, str] | None = None,
+                 uid: str | None = None) -> None:
         # autotune retries on its own schedule; MLflow's own retries would block for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -156,8 +157,9 @@ class Tracker:
         self.uri, artifacts = resolve_tracking_uri(tracking_uri)
         self.study_name = study_name
         self.folder = folder
+        self.uid = uid
         self.outbox = Outbox(self._connect, folder / "mlflow-outbox.jsonl", study_name,
-                             dict(experiment_tags or {}), artifacts)
+                             dict(experiment_tags or {}), artifacts, uid=uid)
 
     def _connect(self) -> Any:
         return connect(self.uri)
@@ -248,7 +250,7 @@ class Tracker:
         if spool.is_file():
             from ._outbox import Outbox
 
-            left = Outbox(self._connect, spool, self.study_name)
+            left = Outbox(self._connect, spool, self.study_name, uid=self.uid)
             if not left.close(timeout_s=60):
                 log.warning("MLflow records of lost worker %s are still in %s", worker, spool)
         self._log(key, tags={"optuna.state": "FAIL", "autotune.outcome": "failed",
@@ -296,3 +298,9 @@ class Tracker:
             return self.outbox.experiment_id()
         except Exception:  # noqa: BLE001 - MLflow unreachable
             return None
+
+    @property
+    def experiment_name(self) -> str:
+        """The study's MLflow experiment: its name, or ``NAME-2`` ... where another study's
+        records hold that name (known once MLflow was reached; the study's name before)."""
+        return self.outbox.experiment_name or self.study_name

@@ -20,6 +20,7 @@ from . import record
 from ._channel import is_server_url
 from ._console import budget_left, format_result, quiet_libraries
 from ._preflight import check_ranks, check_writable
+from ._study_folder import study_folder, study_uid
 from .config import StudyConfig, redact, without_credentials
 from .control import WorkerSession, registry_for, worker_name
 from .decisions import TrialResult, systematic_failure
@@ -182,13 +183,14 @@ def run_worker(storage_url: str, study_name: str | None, echo: Callable[[str], N
     if hostfile is None:   # this machine's ranks; a hostfile's nodes say their own slots
         check_ranks(cfg.device, cfg.ranks_per_trial, 1, oversubscribe, "--oversubscribe")
     name = worker_name()
-    folder = Path(cfg.run_dir) / cfg.study_name
+    folder = study_folder(Path(cfg.run_dir), cfg.study_name, study_uid(study))
     registry = registry_for(storage_url)
     session = WorkerSession(registry, study_name, cfg.heartbeat_s, name=name,
                             recover_with=None if is_server_url(storage_url)
                             else storage)
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder / f"worker-{name}",
-                      {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"})
+                      {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
+                       "autotune.study": cfg.study_name}, uid=study_uid(study))
     runner = TrialRunner(cfg, space, size, run_dir=folder,
                          tracker=tracker, storage=storage, session=session, hostfile=hostfile,
                          ranks_per_node=ranks_per_node)

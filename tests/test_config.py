@@ -432,25 +432,3 @@ def test_a_tracking_uri_naming_a_study_database_is_refused(tracking, said, workd
                            "records in a database of its own: leave tracking_uri at mlruns "
                            "(the default) or name another"), err
     assert sorted(p.name for p in workdir.iterdir()) == ["other.db"]
-
-
-def test_a_study_whose_mlflow_experiment_is_in_the_trash_is_refused_before_it_starts(
-        workdir, capsys):
-    # the study ran, its records waited in the outbox for good, and the study said MLflow
-    # was unreachable
-    from mlflow import MlflowClient
-
-    store = f"sqlite:///{workdir / 'mlruns' / 'mlflow.db'}"
-    (workdir / "mlruns").mkdir()
-    client = MlflowClient(tracking_uri=store)
-    client.delete_experiment(client.create_experiment("quickstart"))
-    before = sorted(p.name for p in workdir.rglob("*"))
-    capsys.readouterr()                       # MLflow's own lines, making its store
-    assert main(["start", "study", "quickstart"]) == 2
-    err = capsys.readouterr().err
-    assert err.strip() == (
-        "autotune: error: the MLflow experiment 'quickstart' is deleted (in MLflow's trash): "
-        f"restore it (MLFLOW_TRACKING_URI={store} mlflow experiments restore -x 1), delete it "
-        f"for good (MLFLOW_TRACKING_URI={store} mlflow gc --backend-store-uri {store} "
-        "--experiment-ids 1), or give the study another study_name"), err
-    assert sorted(p.name for p in workdir.rglob("*")) == before

@@ -102,6 +102,21 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
         assert "\n  global_batch = " in status.stdout.split("best: trial")[1]
         assert f"\n  model: {best.user_attrs['model_path']}\n" in status.stdout
 
+    # a study of the same name in another store, run from this folder, keeps its own trial
+    # folders and MLflow experiment: the first study's models and runs stay as they are
+    other = run_cli("start", "study", "quickstart", "--storage", f"sqlite:///{tmp_path / 'b.db'}",
+                    "--tracking-uri", str(mlruns), "--max-trial-seconds", "5", "--n-trials", "1",
+                    cwd=tmp_path)
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert (f"{folder} holds another study's files (a study of that name in another store, or "
+            f"one whose store was deleted): this study's go to {folder}-2") in other.stdout
+    assert f"autotune ui --tracking-uri {mlruns} --study quickstart-2" in other.stdout
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["quickstart", "quickstart-2"]
+    assert sorted(path.parent.name for path in folder.glob("trial-*/model.pt")) == models
+    theirs = client.get_experiment_by_name("quickstart-2")
+    assert len(client.search_runs([theirs.experiment_id])) == 2
+    assert len(client.search_runs([experiment.experiment_id])) == 3
+
     again = run_cli(*args, "--n-trials", "3", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming study 'quickstart': 2 finished trial(s)" in again.stdout

@@ -1,0 +1,80 @@
+"""Which run folder is a study's own: ``RUN_DIR/NAME``, unless another study's files are there.
+
+A study's trial folders, models and MLflow outbox live under ``RUN_DIR/NAME``. Two studies of
+one name meet there when a study's store is deleted to start over, or a study of that name
+runs in another store from the same folder; the second would overwrite the first's trial
+folders and models and deliver its MLflow records. So a folder carries the id of the study
+that made it (``.autotune-study``), and a study whose id is not there takes ``NAME-2``,
+``NAME-3``, ... instead. Every process of a study (local workers, ``autotune worker`` on the
+same machine) finds the same folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from . import record
+
+__all__ = ["MARKER", "new_uid", "study_folder", "study_uid"]
+
+MARKER = ".autotune-study"
+
+
+def new_uid() -> str:
+    """A new study's id."""
+    return uuid.uuid4().hex
+
+
+def study_uid(study: Any) -> str | None:
+    """The id ``study`` keeps (``record.STUDY_UID``); None for a study begun before autotune
+    kept one, or a value that is not one of its ids."""
+    value = study.user_attrs.get(record.STUDY_UID)
+    return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value) else None
+
+
+def _owner(folder: Path) -> str | None:
+    try:
+        return (folder / MARKER).read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def study_folder(run_dir: Path, name: str, uid: str | None) -> Path:
+    """The run folder of the study ``name`` whose id is ``uid``, made with its marker where
+    it is new. Without a uid (a study begun before autotune kept one): ``run_dir/name``, as
+    it was. A folder appears with its marker in it (made aside, then renamed into place), so
+    two processes of one study never take a half-made folder for another study's."""
+    if uid is None:
+        return run_dir / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for number in range(1, 10_000):
+        folder = run_dir / (name if number == 1 else f"{name}-{number}")
+        owner = _owner(folder)
+        if owner == uid:
+            return folder
+        if owner is not None or (folder.exists() and not _empty_dir(folder)):
+            continue                # another study's, or files of a study before markers
+        aside = run_dir / f".{folder.name}.{uuid.uuid4().hex[:8]}"
+        aside.mkdir()
+        (aside / MARKER).write_text(uid + "\n")
+        try:
+            os.rename(aside, folder)   # replaces an empty folder; fails on one with files
+        except OSError:
+            shutil.rmtree(aside, ignore_errors=True)
+            if _owner(folder) == uid:  # a process of this study made it meanwhile
+                return folder
+            continue
+        return folder
+    raise RuntimeError(f"no free run folder for study {name!r} in {run_dir}")
+
+
+def _empty_dir(folder: Path) -> bool:
+    try:
+        return folder.is_dir() and not any(folder.iterdir())
+    except OSError:
+        return False
