@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import ssl
 import subprocess
@@ -32,7 +33,8 @@ def experiment_url(base: str, experiment_id: str) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
 
 
-def _experiment_id(uri: str, study: str | None) -> str | None:
+def _experiment_id(uri: str, study: str | None,
+                   echo: Callable[[str], None] = print) -> str | None:
     from .tracking import connect
 
     client = connect(uri)
@@ -42,6 +44,13 @@ def _experiment_id(uri: str, study: str | None) -> str | None:
             names = [e.name for e in client.search_experiments() if e.name != "Default"]
             raise ConfigError(f"no study {study!r} in {redact(uri)}; studies there: "
                               f"{', '.join(names) or 'none'}")
+        # other studies of this name record beside it (NAME-2, ...: _outbox.Outbox)
+        others = [e.name for e in client.search_experiments(
+            filter_string=f"tags.`autotune.study` = '{study}'") if e.name != study] \
+            if re.fullmatch(r"[A-Za-z0-9._-]+", study) else []
+        if others:
+            echo(f"other studies named {study!r} recorded to experiment(s) "
+                 f"{', '.join(repr(n) for n in others)}: give --study with that name")
         return str(exp.experiment_id)
     studies = [e for e in client.search_experiments() if e.name != "Default"]
     return str(studies[0].experiment_id) if len(studies) == 1 else None
@@ -123,7 +132,7 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
     uri, _ = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):
         _require_answer(uri)
-        exp = _experiment_id(uri, study)
+        exp = _experiment_id(uri, study, echo)
         page = without_credentials(uri)       # the browser asks for them
         echo(experiment_url(page, exp) if exp else page)
         return 0
@@ -136,7 +145,7 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
         moved = follow_moved_store(tracking_uri)
         if moved:
             echo(moved)
-    exp = _experiment_id(uri, study)
+    exp = _experiment_id(uri, study, echo)
     base = f"http://{host}:{port}"
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                "--host", host, "--port", str(port)]

@@ -161,3 +161,24 @@ def test_a_resumed_study_whose_experiment_is_in_the_trash_is_refused_before_it_r
     assert sorted(str(p) for p in workdir.rglob("*") if "-wal" not in p.name
                   and "-shm" not in p.name) == before
     assert optuna.load_study(study_name="quickstart", storage=storage).trials == []
+
+
+def test_the_ui_of_a_study_name_tells_of_the_other_studies_recorded_under_it(tmp_path):
+    from autotune.ui import _experiment_id
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=store)
+    for uid, spool in ((A, "a.jsonl"), (B, "b.jsonl")):
+        box = Outbox(lambda: client, tmp_path / spool, "quickstart",
+                     {"autotune.study": "quickstart"}, uid=uid)
+        box.submit(ops(0)[0])
+        assert box.close(timeout_s=60)
+    said: list[str] = []
+    first = _experiment_id(store, "quickstart", said.append)
+    assert first == client.get_experiment_by_name("quickstart").experiment_id
+    assert said == ["other studies named 'quickstart' recorded to experiment(s) "
+                    "'quickstart-2': give --study with that name"]
+    said.clear()
+    assert _experiment_id(store, "quickstart-2", said.append) == \
+        client.get_experiment_by_name("quickstart-2").experiment_id
+    assert said == []
