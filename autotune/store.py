@@ -63,6 +63,16 @@ def storage_problem(error: BaseException, url: str) -> str:
                 f"install the driver {scheme} URLs need, or use sqlite:///PATH (the default) "
                 "or postgresql://USER@HOST/DB (psycopg2, installed with autotune)")
     text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", " ".join(str(error).split()))
+    if "Can't load plugin: sqlalchemy.dialects:" in text:   # a scheme no database has
+        scheme = url.partition(":")[0]
+        return (f"{scheme}:// is not a database autotune can keep studies in; give "
+                "sqlite:///PATH (the default), postgresql://USER@HOST/DB, mysql://USER@HOST/DB "
+                "(with its driver) or a study server (autotune://HOST:PORT)")
+    role = re.search(r'role "([^"]+)" does not exist', text)
+    if role:
+        return (f'the server has no role "{role.group(1)}"; give a user it has '
+                "(postgresql://USER@HOST/DB), or create it (createuser "
+                f"{role.group(1)}, as a role that may)")
     if "file is not a database" in text or "database disk image is malformed" in text:
         path = sqlite_file(url)
         shown = path if path is not None else redact(url)

@@ -345,6 +345,10 @@ FLAGS = {
     "storage whose driver is missing": (["--storage", "mysql://u@h/db"],
                                         "its database driver (Python module MySQLdb) is not "
                                         "installed; install the driver mysql URLs need"),
+    "storage of a scheme no database has": (["--storage", "redis://localhost"],
+                                            "redis:// is not a database autotune can keep "
+                                            "studies in; give sqlite:///PATH (the default), "
+                                            "postgresql://USER@HOST/DB"),
     "storage on a database that is down": (["--storage", "postgresql://u@127.0.0.1:1/x"],
                                            "Connection refused"),
     "ranks zero": (["--ranks", "0"], "--ranks must be at least 1"),
@@ -412,7 +416,8 @@ VERBS = {
         ["db", "upgrade", "--storage", "mysql://u@h/db"],
         "(Python module MySQLdb) is not installed"),
     "db upgrade of an unknown scheme": (["db", "upgrade", "--storage", "nosuch://x"],
-                                        "cannot open nosuch://x"),
+                                        "cannot open nosuch://x: nosuch:// is not a database "
+                                        "autotune can keep studies in; give sqlite:///PATH"),
     "db upgrade of a database that is down": (
         ["db", "upgrade", "--storage", "postgresql://u:pw@127.0.0.1:1/x"], "u:***@"),
     "space show of a missing file": (["space", "show", "nowhere.py"], "not found"),

@@ -69,3 +69,17 @@ def test_db_upgrade_on_an_unreachable_database_is_one_line(capsys):
     code = main(["db", "upgrade", "--storage", "postgresql://nobody@127.0.0.1:1/none"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("autotune: error: ") and err.count("\n") == 1
+
+
+def test_a_user_the_database_server_lacks_is_named_with_what_to_do(postgres, capsys):
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(postgres.database())
+    host = parts.netloc.rpartition("@")[2]
+    url = urlunsplit(parts._replace(netloc=f"nosuchrole@{host}"))
+    assert main(["status", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith(
+        'the server has no role "nosuchrole"; give a user it has '
+        "(postgresql://USER@HOST/DB), or create it (createuser nosuchrole, as a role that "
+        "may)"), err

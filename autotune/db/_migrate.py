@@ -75,9 +75,7 @@ def current(url: str) -> str:
     except ModuleNotFoundError as e:    # a URL whose driver is not installed
         raise ConfigError(f"cannot open {redact(url)}: {storage_problem(e, url)}") from None
     except SQLAlchemyError as e:
-        first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot open {redact(url)}: {redact(first)}; use a database URL "
-                          "such as postgresql://user@host/db or sqlite:///autotune.db") from None
+        raise ConfigError(f"cannot open {redact(url)}: {storage_problem(e, url)}") from None
     try:
         with engine.connect() as conn:
             if not inspect(conn).has_table(VERSION_TABLE):
