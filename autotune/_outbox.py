@@ -97,8 +97,11 @@ class Outbox:
         with self._lock:
             self._pending.append(op)
             self._spool.parent.mkdir(parents=True, exist_ok=True)
-            with self._spool.open("a") as f:
-                f.write(json.dumps(op) + "\n")
+            try:
+                with self._spool.open("a") as f:
+                    f.write(json.dumps(op) + "\n")
+            except OSError as e:    # a write names no file: the error the user sees does
+                raise OSError(e.errno, e.strerror, str(self._spool)) from e
             self._lock.notify_all()
 
     @property

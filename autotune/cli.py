@@ -7,13 +7,14 @@ stderr and exit code 2, with no traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from .errors import AutotuneError, Stopped, Terminated
+from .errors import AutotuneError, Stopped, Terminated, disk_full
 
 __all__ = ["main"]
 
@@ -450,6 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the output went to a pipe that closed (| head): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"autotune: error: {disk_full(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:
         sigterm = isinstance(e, Terminated) or (isinstance(e, Stopped)
                                                 and e.signum == signal.SIGTERM)

@@ -3,7 +3,35 @@
 from __future__ import annotations
 
 __all__ = ["AutotuneError", "ConfigError", "PlanError", "SpaceError", "LaunchError",
-           "StudyFailing", "shipped_hint"]
+           "StudyFailing", "disk_full", "is_disk_full", "shipped_hint"]
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` is a write that found its disk (or the user's quota) full."""
+    import errno
+
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: OSError) -> str:
+    """The one line for a full disk: where, how much is free there, and what to do."""
+    import shutil
+    from pathlib import Path
+
+    where = ""
+    if error.filename:
+        folder = Path(str(error.filename)).parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            where = f" holding {folder}"
+        else:
+            where = f" holding {folder} ({free / 2**20:.0f} MiB free)"
+    return (f"no space left on the disk{where}: free some there, or give run_dir, storage or "
+            "tracking_uri on another disk; the same command resumes the study, and a trial "
+            "that was running resumes from its latest checkpoint")
 
 
 def shipped_hint(ref: str, shipped: list[str], what: str) -> str:

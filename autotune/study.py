@@ -203,6 +203,15 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
                 left[0] -= 1
             return True
 
+    errors: list[BaseException] = []   # a side thread's: raised where the main one returns
+
+    def side_work() -> None:
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors.append(e)
+            failing.append(f"a worker thread stopped: {type(e).__name__}: {e}")
+
     def work() -> None:
         try:
             while take():
@@ -234,12 +243,15 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
     before = {sig: signal.signal(sig, on_stop) for sig in (signal.SIGINT, signal.SIGTERM)
               } if graceful else {}
     try:
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(cfg.workers - 1)]
+        threads = [threading.Thread(target=side_work, daemon=True)
+                   for _ in range(cfg.workers - 1)]
         for t in threads:
             t.start()
         work()
         for t in threads:
             t.join()
+        if errors:
+            raise errors[0]
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)

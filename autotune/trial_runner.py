@@ -29,7 +29,7 @@ from ._preflight import probe_micro_batch
 from ._reports import HeldWrites, Limits, Pruning, ReportHandler
 from .config import StudyConfig
 from .decisions import TrialResult, classify, tell
-from .errors import AutotuneError, PlanError, SpaceError
+from .errors import AutotuneError, PlanError, SpaceError, is_disk_full
 from .launch import read_hostfile, trainer_env
 from .modes import make_pruner, mode_of
 from .plan import Hardware, derived_params, resolve
@@ -194,14 +194,21 @@ class TrialRunner:
         try:
             result = self._run(study, trial, params)
         except BaseException as e:
-            self._emit("aborted", trial)
+            if is_disk_full(e):
+                # no fault of the configuration: left running, the trial is taken for its
+                # lost worker's once this process has gone and resumed from its checkpoint
+                raise
+            with contextlib.suppress(Exception):
+                self._emit("aborted", trial)
             with contextlib.suppress(Exception):
                 study.tell(trial, state=TrialState.FAIL)
             if isinstance(e, KeyboardInterrupt):
                 e.failed_trial = trial.number  # type: ignore[attr-defined] # for the CLI's line
             raise
-        self._emit("ended", trial, result)
-        told = self._tell_once(study, trial, result)
+        try:
+            self._emit("ended", trial, result)
+        finally:   # the trial's record in MLflow failing (a full disk) leaves the result told
+            told = self._tell_once(study, trial, result)
         self._emit("told", trial, result, told)
         if told and result.reason == "interrupted" and result.summary.get("checkpoint"):
             study.enqueue_trial(dict(trial.params), user_attrs=record.resumption(

@@ -180,8 +180,12 @@ def save_model(path: str | Path, module: torch.nn.Module, plan: dict[str, Any],
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(f".{path.name}.part")
-    torch.save(saved, part)
-    os.replace(part, path)
+    try:
+        torch.save(saved, part)
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)     # a full disk: no half-written file left filling it
+        raise
 
 
 def _plain_name(key: str) -> str:
