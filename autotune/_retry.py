@@ -10,6 +10,7 @@ at once. A thread that must not wait (a worker answering its trainer) lowers its
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import threading
 import time
@@ -50,12 +51,31 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
+# What a database says when its disk is full: SQLite's, PostgreSQL's (SQLSTATE 53100, "could
+# not extend file ... No space left on device"), also as the study server passes them on
+_DISK_FULL = ("database or disk is full", "No space left on device", "could not extend file",
+              "DiskFull")
+
+
+def _disk_full(error: BaseException) -> bool:
+    seen: BaseException | None = error
+    while seen is not None:
+        text = f"{type(seen).__name__}: {seen}"
+        if any(sign in text for sign in _DISK_FULL):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class RetryingStorage(BaseStorage):
     """Wraps an Optuna storage; see the module docstring."""
 
-    def __init__(self, inner: BaseStorage, where: str, patience_s: float = 1800.0) -> None:
+    def __init__(self, inner: BaseStorage, where: str, patience_s: float = 1800.0,
+                 file: str | None = None) -> None:
+        """``where``: the store, in words; ``file``: its SQLite file, if it is one."""
         self._inner = inner
         self._where = where
+        self._file = file
         self._patience_s = patience_s
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -84,6 +104,9 @@ class RetryingStorage(BaseStorage):
             try:
                 result = method(*args, **kwargs)
             except Exception as e:
+                if _disk_full(e):   # no outage: waiting frees no space
+                    raise OSError(errno.ENOSPC, f"{self._where} cannot grow: its disk is full",
+                                  self._file) from e
                 if not is_transient(e):
                     raise
                 self._went_down(e)

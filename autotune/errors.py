@@ -15,23 +15,27 @@ def is_disk_full(error: BaseException) -> bool:
 
 def disk_full(error: OSError) -> str:
     """The one line for a full disk: where, how much is free there, and what to do."""
+    import os
     import shutil
     from pathlib import Path
 
+    notes = []
     where = ""
     if error.filename:
         folder = Path(str(error.filename)).parent
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
+        where = f" holding {folder}"
         try:
-            free = shutil.disk_usage(folder).free
+            notes.append(f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free")
         except OSError:
-            where = f" holding {folder}"
-        else:
-            where = f" holding {folder} ({free / 2**20:.0f} MiB free)"
-    return (f"no space left on the disk{where}: free some there, or give run_dir, storage or "
-            "tracking_uri on another disk; the same command resumes the study, and a trial "
-            "that was running resumes from its latest checkpoint")
+            pass
+    if error.strerror and error.strerror != os.strerror(error.errno or 0):
+        notes.append(error.strerror)      # whose disk, where the error says so
+    said = f" ({'; '.join(notes)})" if notes else ""
+    return (f"no space left on the disk{where}{said}: free some there, or give run_dir, "
+            "storage or tracking_uri on another disk; the same command resumes the study, and "
+            "a trial that was running resumes from its latest checkpoint")
 
 
 def shipped_hint(ref: str, shipped: list[str], what: str) -> str:

@@ -177,7 +177,8 @@ def open_storage(url: str, create: bool = True) -> Any:
     except Exception as e:
         raise ConfigError(f"cannot open storage {redact(url)!r}: {storage_problem(e, url)}") from e
     sqlite_wal(url)
-    return RetryingStorage(rdb, f"the study database {redact(url)}")  # type: ignore[abstract]
+    return RetryingStorage(rdb, f"the study database {redact(url)}",  # type: ignore[abstract]
+                           file=None if path is None else str(path))
 
 
 class _ServerProxy(optuna.storages.GrpcStorageProxy):

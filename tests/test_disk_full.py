@@ -101,3 +101,31 @@ def test_a_model_that_meets_a_full_disk_leaves_no_half_written_file(tmp_path):
     with pytest.raises((OSError, RuntimeError)):
         save_model(tmp_path / "model.pt", torch.nn.Linear(2, 2), plan, ["a", "b"])
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_study_database_whose_disk_is_full_is_said_so_at_once_not_waited_for(tmp_path):
+    # SQLite's own full database (a page limit: what a full disk gives it), through the
+    # storage every command opens: no outage to wait out, one line
+    import time
+
+    import sqlalchemy
+
+    from autotune.store import open_storage
+
+    path = tmp_path / "s.db"
+    storage = open_storage(f"sqlite:///{path}")
+    optuna.create_study(study_name="first", storage=storage)
+    engine = storage.inner.engine
+    sqlalchemy.event.listen(engine, "connect", lambda conn, _: conn.execute(
+        "PRAGMA max_page_count = " + str(path.stat().st_size // 4096 + 1)))
+    engine.dispose()
+    began = time.monotonic()
+    with pytest.raises(OSError) as raised:
+        for i in range(200):
+            optuna.create_study(study_name=f"more-{i}" + "x" * 2000, storage=storage)
+    assert time.monotonic() - began < 30
+    assert is_disk_full(raised.value) and raised.value.filename == str(path)
+    assert disk_full(raised.value).startswith(
+        f"no space left on the disk holding {tmp_path} (")
+    assert f"the study database sqlite:///{path} cannot grow: its disk is full" in \
+        disk_full(raised.value)
