@@ -47,8 +47,19 @@ def _space_show(args: argparse.Namespace) -> int:
     from .space import load_space
 
     _check_world_size(args)
+    if _is_study_file(args.space):          # the space that study searches, for its data
+        from . import config
+        from ._study_setup import checked_space
+
+        _, space, _ = checked_space(config.load(args.space))
+        print(space.table())
+        return 0
     print(load_space(args.space, world_size=args.world_size).table())
     return 0
+
+
+def _is_study_file(name: str) -> bool:
+    return name.lower().endswith((".yaml", ".yml", ".toml", ".json"))
 
 
 def _space_check(args: argparse.Namespace) -> int:
@@ -56,7 +67,7 @@ def _space_check(args: argparse.Namespace) -> int:
     from .space import check_space, load_space
 
     _check_world_size(args)
-    if args.space.endswith((".yaml", ".yml", ".toml")):   # a study file: its space and program
+    if _is_study_file(args.space):   # a study file: its space and program
         from . import config
         from ._study_setup import checked_space
 
@@ -369,7 +380,8 @@ def _add_start_study(sub: Any) -> None:
 
 def _add_space_show(sub: Any) -> None:
     p = sub.add_parser("space show", help="print a search space")
-    p.add_argument("space", help="a shipped space name or a Python file")
+    p.add_argument("space", help="a shipped space name, a Python file, or a study file (its "
+                                 "space, sized for its data and ranks)")
     p.add_argument("--world-size", type=int, default=2, help="ranks the space is built for")
     p.set_defaults(func=_space_show)
 
@@ -377,8 +389,8 @@ def _add_space_show(sub: Any) -> None:
 def _add_space_check(sub: Any) -> None:
     p = sub.add_parser("space check", help="validate a search-space file, listing every problem")
     p.add_argument("space", help="a Python file defining `space`, a shipped space name, or a "
-                                 "study file (YAML or TOML: its space, program and declared "
-                                 "parameters)")
+                                 "study file (YAML, TOML or JSON: its space, program and "
+                                 "declared parameters)")
     p.add_argument("--world-size", type=int, default=2, help="ranks the space is built for")
     p.set_defaults(func=_space_check)
 

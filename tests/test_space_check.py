@@ -295,3 +295,24 @@ def test_a_shipped_space_named_almost_right_is_told_its_name(ref, said, tmp_path
     assert main(["space", "show", ref]) == 2
     err = capsys.readouterr().err
     assert f"search space {ref!r} not found {said}" in err, err
+
+
+@pytest.mark.parametrize("name, text", [
+    ("study.json", '{"trainer": {"model": "resnet18"}, "target": {"metric": "top1", '
+                   '"value": 0.9}}'),
+    ("STUDY.YML", "trainer: {model: resnet18}\ntarget: {metric: top1, value: 0.9}\n"),
+])
+def test_space_check_and_show_take_a_study_file_of_any_format(name, text, tmp_path, capsys,
+                                                              monkeypatch):
+    # JSON study files were read by start study but refused by space check as "a study file,
+    # not a search space"; space show refused every study file
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text(text)
+    assert main(["space", "check", name]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("search space quickstart (world size 2)\n")
+    assert out.endswith(f"ok: {name} runs image_classifier on a valid search space for 2 "
+                        "rank(s)\n")
+    assert main(["space", "show", name]) == 0
+    assert capsys.readouterr().out.startswith("search space quickstart (world size 2)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
