@@ -141,22 +141,22 @@ def shipped_studies() -> list[str]:
 
 def _read(source: str) -> tuple[dict[str, Any], str, Path]:
     if not source.strip():
-        raise ConfigError("no study file given (an empty name); give a YAML, TOML or JSON file or a "
-                          f"shipped study ({', '.join(shipped_studies())})")
+        raise ConfigError("no study file given (an empty name); give a YAML, TOML or JSON "
+                          f"file or a shipped study ({', '.join(shipped_studies())})")
     path = Path(source).expanduser()
     if not path.suffix and source in shipped_studies():
         path = Path(str(resources.files("autotune") / "studies" / f"{source}.yaml"))
     if path.is_dir():
-        raise ConfigError(f"study file {source!r} is a folder; give a YAML, TOML or JSON file in it "
-                          "or a shipped study")
+        raise ConfigError(f"study file {source!r} is a folder; give a YAML, TOML or JSON "
+                          "file in it or a shipped study")
     if path.exists() and not path.is_file():
         raise ConfigError(f"study file {source!r} is not a regular file (a device or a pipe); "
                           "give a YAML, TOML or JSON file")
     if not path.is_file():
         shipped = shipped_studies()
         raise ConfigError(f"study file {source!r} not found"
-                          f"{shipped_hint(source, shipped, 'study')}; give a YAML, TOML or JSON file "
-                          f"or a shipped study ({', '.join(shipped)})")
+                          f"{shipped_hint(source, shipped, 'study')}; give a YAML, TOML or "
+                          f"JSON file or a shipped study ({', '.join(shipped)})")
     try:
         # utf-8-sig: a byte-order mark, as Notepad writes one, is read past (TOML refuses it);
         # UTF-16 with its mark, as PowerShell's `>` writes a file, is read as such

@@ -50,8 +50,12 @@ class SavedModel:
         alone: a list of one; an N x H x W x C array: N images). Files are opened as the
         trainer opens them and predicted ``PREDICT_BATCH`` at a time; one that is missing or
         cannot be decoded raises ``ImageFileError`` naming it, as does anything else given."""
+        import math
+
         import numpy as np
         import torch
+
+        from trainers.sources import EVAL_MARGIN
 
         if isinstance(images, torch.Tensor):
             return self._labels(images if images.dim() == 4 else images.unsqueeze(0))
@@ -68,7 +72,8 @@ class SavedModel:
         names: list[str] = []
         for start in range(0, len(images), PREDICT_BATCH):
             chunk = images[start:start + PREDICT_BATCH]
-            names += self._labels(torch.stack([self.transform(_rgb(i)) for i in chunk]))
+            least = math.ceil(EVAL_MARGIN * int(self.info.get("eval_size") or 0))
+            names += self._labels(torch.stack([self.transform(_rgb(i, least)) for i in chunk]))
         return names
 
     def _labels(self, batch: Any) -> list[str]:
@@ -83,8 +88,9 @@ _WHAT_PREDICT_TAKES = ("predict takes image files (paths), PIL images, NumPy arr
                        "H x W x 3) or a prepared tensor, or a list of them; got a {}")
 
 
-def _rgb(image: Any) -> Any:
-    """An image file (path), PIL image or NumPy array in RGB, as the trainer reads it."""
+def _rgb(image: Any, least: int = 0) -> Any:
+    """An image file (path), PIL image or NumPy array in RGB, as the trainer reads it (a JPEG
+    file at the reduced scale that keeps ``least`` pixels, as the evaluation decodes it)."""
     import numpy as np
 
     from trainers.sources import as_rgb, decode_error, open_image
@@ -99,7 +105,7 @@ def _rgb(image: Any) -> Any:
         what = "is a folder" if Path(image).is_dir() else "is not there"
         raise ImageFileError(f"{image} {what}; give the path of an image file")
     try:
-        return open_image(str(image))
+        return open_image(str(image), least)
     except Exception as e:  # noqa: BLE001 - any decoder error: the file, not the code
         raise ImageFileError(f"{image} cannot be decoded as an image ({decode_error(e)}); "
                              "give a .jpg, .png or another image file PIL reads") from None

@@ -406,3 +406,35 @@ def test_file_names_that_are_not_utf8_are_split_and_read_like_any_other(tmp_path
     assert os.fsdecode(odd) in {p for p, _ in layout.train + layout.val}
     source = open_source(spec, on_gpu=False)
     assert sum(len(x) for x, _ in source.eval_batches(0, 1, 8)) == len(layout.val)
+
+
+def test_an_image_larger_than_pil_opens_is_read_at_its_decoded_scale_or_named(tmp_path):
+    # PIL refuses to open more than 179 megapixels (its guard against decompression bombs):
+    # a large JPEG (a panorama, a scan) trained at 32 px decodes at 1/8 of that; a PNG as
+    # large is named as too large, with what to do, not as a file that cannot be decoded
+    from PIL import Image
+
+    from trainers.sources import decode_error, open_image
+
+    big = Image.new("L", (13500, 13500), 90)
+    big.save(tmp_path / "scan.jpg", quality=30)
+    big.save(tmp_path / "scan.png")
+    assert open_image(str(tmp_path / "scan.jpg"), 64).size == (1688, 1688)
+    with pytest.raises(ValueError) as raised:
+        open_image(str(tmp_path / "scan.png"), 64)
+    assert decode_error(raised.value) == (
+        "ImageTooLarge: 13500 x 13500 pixels (182 megapixels), more than an image may decode "
+        "to (179): resize or tile the images (training reads them at 64 px)")
+    # a tree of them is refused at the start with that advice
+    for part in ("train", "val"):
+        for name in ("a", "b"):
+            (tmp_path / "tree" / part / name).mkdir(parents=True)
+            for i in range(3):
+                (tmp_path / "tree" / part / name / f"scan{i}.png").symlink_to(
+                    tmp_path / "scan.png")
+    check = check_images({"kind": "imagefolder", "path": str(tmp_path / "tree"),
+                          "image_size": 32})
+    assert check.too_many and check.error().startswith(
+        f"ImageFolder {tmp_path / 'tree'}: 12 of its 12 images are too large to decode (e.g. ")
+    assert check.error().endswith("resize or tile them to a few times the training size, "
+                                  "then start the study again")

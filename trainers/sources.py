@@ -334,7 +334,7 @@ class ImageFolderSource(Source):
         prepare = "imagenet" if augment == "imagenet" else "none"  # the rest: alike
         return self._loader("val", self.val, partial(eval_transform, prepare),
                             (prepare, batch), indices.tolist(), batch, size or self.eval_size,
-                            margin=2.5)       # its resize goes to 8/7 of the size at most
+                            margin=EVAL_MARGIN)
 
     def close(self) -> None:
         self._loaders.clear()
@@ -348,10 +348,52 @@ def open_image(path: str, least: int = 0) -> Any:
     from PIL import Image
 
     with open(path, "rb") as f:
-        image = Image.open(f)
+        try:
+            image = Image.open(f)
+        except Image.DecompressionBombError:
+            image = _open_large(f)
         if least and image.format == "JPEG":
             image.draft("RGB", (least, least))
+        width, height = image.size
+        if width * height > _MAX_DECODED_PIXELS:
+            raise ImageTooLarge(
+                f"{width} x {height} pixels ({width * height / 1e6:.0f} megapixels), more than "
+                f"an image may decode to ({_MAX_DECODED_PIXELS / 1e6:.0f}): resize or tile the "
+                f"images{f' (training reads them at {least} px)' if least else ''}")
         return as_rgb(image)
+
+
+# Evaluation decodes a JPEG to at least this many times its size (its resize goes to 8/7 of
+# the size at most); ``SavedModel.predict`` reads files the same way.
+EVAL_MARGIN = 2.5
+
+
+class ImageTooLarge(ValueError):
+    """An image that would decode to more pixels than ``_MAX_DECODED_PIXELS``."""
+
+
+def _open_large(f: Any) -> Any:
+    """The image in ``f`` opened past PIL's decompression-bomb check (the file is the user's
+    own data; a JPEG is decoded at a reduced scale): ``open_image`` checks the pixels that
+    will be decoded instead."""
+    import warnings
+
+    from PIL import Image
+
+    f.seek(0)
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(f)
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+# PIL refuses to open an image of more pixels than this (twice its MAX_IMAGE_PIXELS, where
+# it only warns): a 13,400 px square. autotune applies it to what is decoded instead.
+_MAX_DECODED_PIXELS = 178_956_970
 
 
 def as_rgb(image: Any) -> Any:
@@ -653,6 +695,10 @@ class ImageCheck:
         found = (f"{len(self.unreadable)} of its {self.images} images" if whole else
                  f"{len(self.unreadable)} of {self.checked} images drawn from its "
                  f"{self.images}")
+        if all(e.startswith(f"{ImageTooLarge.__name__}:") for _, e in self.unreadable[:3]):
+            return (f"ImageFolder {self.root}: {found} are too large to decode (e.g. {shown}); "
+                    "resize or tile them to a few times the training size, then start the "
+                    "study again")
         return (f"ImageFolder {self.root}: {found} could not be decoded (e.g. {shown}); up to "
                 f"{unreadable_allowed(self.images)} (1%, at least {_UNREADABLE_FEW}) are "
                 "skipped, more means the tree itself is wrong (web pages or text saved under "
