@@ -16,6 +16,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,12 +33,47 @@ _BUILD = (
 
 
 def extensions_dir() -> str:
-    """This environment's folder for torch's compiled extensions."""
+    """This environment's folder for torch's compiled extensions: under autotune's cache
+    folder, or, where that cannot be written (a container's read-only home), under the
+    machine's temporary folder, so the ranks do not fail making it."""
+    from trainers.data import cache_root
+
     chosen = os.environ.get("TORCH_EXTENSIONS_DIR")
     if chosen:
         return chosen
-    cache = Path(os.environ.get("AUTOTUNE_CACHE_DIR", Path.home() / ".cache" / "autotune"))
-    return str(cache / "torch_extensions" / _environment_key())
+    folder = cache_root() / "torch_extensions" / _environment_key()
+    if not _can_write(folder):
+        own = _own_temp_folder()
+        if own is not None:
+            folder = own / "torch_extensions" / _environment_key()
+    return str(folder)
+
+
+def _own_temp_folder() -> Path | None:
+    """``/tmp/autotune-UID``, made private to this user; None where it is not (another user
+    made it first, or it is a link): the ranks load compiled code from it."""
+    import stat
+
+    folder = Path(tempfile.gettempdir()) / f"autotune-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return folder
+
+
+def _can_write(folder: Path) -> bool:
+    """Whether ``folder`` can be made and written in (tried: permissions alone do not say so
+    for root, nor for a read-only file system)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".autotune-probe-", dir=folder))
+    except OSError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=1)

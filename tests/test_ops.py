@@ -32,3 +32,24 @@ def test_a_built_op_is_not_built_again(tmp_path):
     said: list[str] = []
     assert _ops.ensure_cpu_ops({"TORCH_EXTENSIONS_DIR": str(tmp_path)}, said.append) == 0.0
     assert said == []
+
+
+def test_a_home_that_cannot_be_written_builds_in_a_private_temporary_folder(monkeypatch,
+                                                                          tmp_path):
+    # a container's read-only home: the ranks failed making torch's build folder there, and
+    # every trial crashed
+    import os
+    import tempfile
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.delenv("AUTOTUNE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", "/proc/no-home")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = _ops.extensions_dir()
+    own = tmp_path / f"autotune-{os.getuid()}"
+    assert folder.startswith(str(own / "torch_extensions"))
+    assert (own.stat().st_mode & 0o777) == 0o700
+    assert trainer_env("cpu", 1)["TORCH_EXTENSIONS_DIR"] == folder
+    # one another user could write to (or made first) is not used: its code would be loaded
+    own.chmod(0o777)
+    assert _ops.extensions_dir().startswith("/proc/no-home/")

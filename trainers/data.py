@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DIGITS_TRAIN", "DIGITS_VAL", "Split", "load", "epoch_shard", "eval_shard",
+__all__ = ["DIGITS_TRAIN", "DIGITS_VAL", "Split", "cache_root", "load", "epoch_shard",
+           "eval_shard",
            "batches"]
 
 DIGITS_TRAIN = 1437
@@ -33,9 +34,14 @@ class Split:
         return int(self.labels.shape[0])
 
 
+def cache_root() -> Path:
+    """autotune's cache folder: ``AUTOTUNE_CACHE_DIR``, else ``~/.cache/autotune``."""
+    return Path(os.environ.get("AUTOTUNE_CACHE_DIR") or Path.home() / ".cache" / "autotune"
+                ).expanduser()
+
+
 def _cache_path() -> Path:
-    root = os.environ.get("AUTOTUNE_CACHE_DIR") or Path.home() / ".cache" / "autotune"
-    return Path(root) / f"digits-split{_SPLIT_SEED}.pt"
+    return cache_root() / f"digits-split{_SPLIT_SEED}.pt"
 
 
 def _digits_split() -> tuple[Any, Any, Any, Any]:
