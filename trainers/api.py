@@ -56,6 +56,7 @@ import os
 import random
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,7 +65,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainers import _checkpoint
+from trainers import _checkpoint, _shm
 from trainers._control import CHECKPOINT, DIVERGED, GO, OOM, REASONS, STOPPED, Control
 from trainers._lifeline import die_with_parent
 from trainers._rank import Clock, next_plan
@@ -173,6 +174,9 @@ def _number(key: str, value: Any) -> Any:
                      "numbers")
 
 
+_SHM_CHECKED: list[bool] = []     # DeepSpeed's shared-memory op looked at, once a process
+
+
 class Trial:
     """One trial on one rank (see the module docstring). ``plan`` is the resolved plan;
     ``state`` what a checkpoint carries besides the script's own (step, epoch, clock, best
@@ -189,6 +193,11 @@ class Trial:
                        if self.on_gpu else torch.device("cpu"))
         if not self.on_gpu and plan.get("threads_per_rank"):
             torch.set_num_threads(int(plan["threads_per_rank"]))
+        if not self.on_gpu and not _SHM_CHECKED:   # before DeepSpeed opens a process group
+            _SHM_CHECKED.append(True)
+            note = _shm.leave_out_if_no_room()
+            if note and self.rank == 0:
+                print(f"autotune: {note}", file=sys.stderr, flush=True)
         torch.manual_seed(int(plan.get("seed", 0)))
         random.seed(int(plan.get("seed", 0)))
         self.wall0 = time.perf_counter()
