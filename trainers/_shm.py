@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import shutil
 
-__all__ = ["BUFFER_BYTES", "leave_out_if_no_room", "room_note"]
+__all__ = ["BUFFER_BYTES", "free_bytes", "leave_out_if_no_room", "loader_note",
+           "local_ranks", "room_note"]
 
 # the op's workspace: 2 x 1 MiB (its naive all-reduce) + 2 x 32 MiB (chunks), with its flags
 BUFFER_BYTES = 69_206_024
@@ -37,12 +38,8 @@ def leave_out_if_no_room() -> str | None:
     """Marks DeepSpeed's shared-memory op unusable in this process where /dev/shm cannot hold
     this machine's ranks' buffers; returns the note it made, or None. Call it before
     DeepSpeed opens the process group."""
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
-    try:
-        free = shutil.disk_usage("/dev/shm").free
-    except OSError:
-        free = 0
-    note = room_note(free, ranks)
+    free = free_bytes()
+    note = None if free is None else room_note(free, local_ranks())
     if note is None:
         return None
     try:
@@ -51,3 +48,33 @@ def leave_out_if_no_room() -> str | None:
         return None
     deepspeed.ops.__compatible_ops__[_OP] = False
     return note
+
+
+def local_ranks() -> int:
+    """The ranks on this machine, as the launcher's environment says (all of them where it
+    does not: a bound from above)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+
+
+def free_bytes() -> int | None:
+    """Free bytes in /dev/shm; None where there is none (not Linux)."""
+    try:
+        return shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return None
+
+
+def loader_note(free: int, ranks: int, workers: int, prefetch: int, batch: int,
+                size: int) -> str | None:
+    """Why a data loader's worker processes cannot hand their batches over through /dev/shm
+    (``free`` bytes free): ``ranks`` ranks here, each with a loader of ``workers`` processes
+    holding ``prefetch`` batches of ``batch`` float32 images of ``size`` pixels ahead; None
+    where they fit."""
+    need = ranks * workers * prefetch * batch * 3 * size * size * 4
+    if free >= need:
+        return None
+    return (f"/dev/shm has {free / 2**20:.0f} MiB free, less than the data loaders need to "
+            f"pass batches of {batch} images at {size} px from {workers} worker process(es) "
+            f"({need / 2**20:.0f} MiB for {ranks} rank(s)): images are read in the ranks "
+            "themselves, slower; give the machine more shared memory (docker run "
+            "--shm-size=2g) to read them in worker processes")

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from trainers import _shm
 from trainers import data as digits
 from trainers.augment import augment_batch, eval_transform, image_transform
 
@@ -283,13 +284,21 @@ class ImageFolderSource(Source):
         held = self._loaders.get(part)
         if held is None or held[0] != key:
             self._loaders.pop(part, None)   # the old loader's workers end with it
+            free = _shm.free_bytes()
+            if self.workers and free is not None:   # their batches come through /dev/shm
+                note = _shm.loader_note(free, _shm.local_ranks(), self.workers, _PREFETCH,
+                                        batch, size)
+                if note:
+                    self.workers = 0
+                    if os.environ.get("RANK", "0") == "0":
+                        print(f"autotune: {note}", file=sys.stderr, flush=True)
             sampler = _Indices()
             loader = DataLoader(_Sized(dataset, transform, replace=part == "train",
                                        margin=margin),
                                 batch_size=batch, sampler=sampler, collate_fn=_collate,
                                 num_workers=self.workers, pin_memory=self.pin,
                                 drop_last=False, persistent_workers=self.workers > 0,
-                                prefetch_factor=4 if self.workers else None)
+                                prefetch_factor=_PREFETCH if self.workers else None)
             held = self._loaders[part] = (key, loader, sampler)
         _, loader, sampler = held
         sampler.indices = [(int(i), size) for i in indices]
@@ -366,6 +375,10 @@ def open_image(path: str, least: int = 0) -> Any:
 # Evaluation decodes a JPEG to at least this many times its size (its resize goes to 8/7 of
 # the size at most); ``SavedModel.predict`` reads files the same way.
 EVAL_MARGIN = 2.5
+
+
+# batches each loader worker prepares ahead
+_PREFETCH = 4
 
 
 class ImageTooLarge(ValueError):
