@@ -19,10 +19,10 @@ from trainers._shm import BUFFER_BYTES, room_note
 def test_loader_workers_are_left_out_only_where_their_batches_do_not_fit():
     from trainers._shm import loader_note
 
-    assert loader_note(2**30, 2, 2, 4, 16, 64) is None      # 12 MiB of batches in 1 GiB
-    assert loader_note(8 * 2**20, 2, 2, 4, 8, 224) == (
+    assert loader_note(2**30, 2, 2, 16, 64) is None      # 3 MiB of batches in 1 GiB
+    assert loader_note(8 * 2**20, 2, 2, 8, 224) == (
         "/dev/shm has 8 MiB free, less than the data loaders need to pass batches of 8 images "
-        "at 224 px from 2 worker process(es) (74 MiB for 2 rank(s)): images are read in the "
+        "at 224 px from 2 worker process(es) (18 MiB for 2 rank(s)): images are read in the "
         "ranks themselves, slower; give the machine more shared memory (docker run "
         "--shm-size=2g) to read them in worker processes")
 

@@ -64,13 +64,13 @@ def free_bytes() -> int | None:
         return None
 
 
-def loader_note(free: int, ranks: int, workers: int, prefetch: int, batch: int,
-                size: int) -> str | None:
+def loader_note(free: int, ranks: int, workers: int, batch: int, size: int) -> str | None:
     """Why a data loader's worker processes cannot hand their batches over through /dev/shm
-    (``free`` bytes free): ``ranks`` ranks here, each with a loader of ``workers`` processes
-    holding ``prefetch`` batches of ``batch`` float32 images of ``size`` pixels ahead; None
-    where they fit."""
-    need = ranks * workers * prefetch * batch * 3 * size * size * 4
+    (``free`` bytes free): ``ranks`` ranks here, each with ``workers`` processes that hold at
+    least one batch of ``batch`` float32 images of ``size`` pixels at a time (more when they
+    run ahead of training: a shortage short of this bound is left to PyTorch's own error, so a
+    machine whose loaders would manage is never slowed); None where they fit."""
+    need = ranks * workers * batch * 3 * size * size * 4
     if free >= need:
         return None
     return (f"/dev/shm has {free / 2**20:.0f} MiB free, less than the data loaders need to "

@@ -286,8 +286,7 @@ class ImageFolderSource(Source):
             self._loaders.pop(part, None)   # the old loader's workers end with it
             free = _shm.free_bytes()
             if self.workers and free is not None:   # their batches come through /dev/shm
-                note = _shm.loader_note(free, _shm.local_ranks(), self.workers, _PREFETCH,
-                                        batch, size)
+                note = _shm.loader_note(free, _shm.local_ranks(), self.workers, batch, size)
                 if note:
                     self.workers = 0
                     if os.environ.get("RANK", "0") == "0":
