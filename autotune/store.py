@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import warnings
 from typing import Any
+from urllib.parse import urlparse
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -62,12 +63,27 @@ def storage_problem(error: BaseException, url: str) -> str:
         return (f"its database driver (Python module {missing.name}) is not installed; "
                 f"install the driver {scheme} URLs need, or use sqlite:///PATH (the default) "
                 "or postgresql://USER@HOST/DB (psycopg2, installed with autotune)")
+    if error.__cause__ is not None and str(error).startswith("An exception is raised during"):
+        error = error.__cause__     # Optuna's word for any failed commit: the database's own
     text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", " ".join(str(error).split()))
     if "Can't load plugin: sqlalchemy.dialects:" in text:   # a scheme no database has
         scheme = url.partition(":")[0]
         return (f"{scheme}:// is not a database autotune can keep studies in; give "
                 "sqlite:///PATH (the default), postgresql://USER@HOST/DB, mysql://USER@HOST/DB "
                 "(with its driver) or a study server (autotune://HOST:PORT)")
+    user = urlparse(url).username or "the user"
+    database = urlparse(url).path.lstrip("/") or "the database"
+    if re.search(r"permission denied for schema public", text):
+        return (f"{user} may not create tables in {database}'s public schema (PostgreSQL 15 "
+                "and later let only the database's owner): make it the owner (ALTER DATABASE "
+                f"{database} OWNER TO {user}) or grant it (GRANT CREATE ON SCHEMA public TO "
+                f"{user}), as a role that may")
+    denied = re.search(r"permission denied for (table|sequence) (\w+)", text)
+    if denied:
+        return (f"{user} may not use the {denied.group(1)} {denied.group(2)} of {database}: "
+                "grant it (GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+                f"public TO {user}; GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {user}), "
+                "as a role that may")
     role = re.search(r'role "([^"]+)" does not exist', text)
     if role:
         return (f'the server has no role "{role.group(1)}"; give a user it has '

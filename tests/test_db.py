@@ -83,3 +83,35 @@ def test_a_user_the_database_server_lacks_is_named_with_what_to_do(postgres, cap
         'the server has no role "nosuchrole"; give a user it has '
         "(postgresql://USER@HOST/DB), or create it (createuser nosuchrole, as a role that "
         "may)"), err
+
+
+def test_a_user_without_rights_on_the_database_is_told_the_grant_that_gives_them(
+        postgres, capsys, workdir):
+    # PostgreSQL 15 gives the public schema's CREATE to the database's owner only; a user
+    # without rights on existing tables got Optuna's "an exception is raised during the
+    # commit ... invalid data"
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    owner_url = postgres.database()
+    role = f"autotune_user_{uuid.uuid4().hex[:8]}"
+    postgres._admin(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        parts = urlsplit(owner_url)
+        host = parts.netloc.rpartition("@")[2]
+        url = urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+        database = parts.path.lstrip("/")
+        assert main(["start", "study", "quickstart", "--storage", url]) == 2
+        assert (f"{role} may not create tables in {database}'s public schema (PostgreSQL 15 "
+                f"and later let only the database's owner): make it the owner (ALTER DATABASE "
+                f"{database} OWNER TO {role}) or grant it (GRANT CREATE ON SCHEMA public TO "
+                f"{role}), as a role that may") in capsys.readouterr().err
+        optuna.create_study(study_name="theirs", storage=database_url(owner_url))
+        assert main(["status", "--storage", url]) == 2
+        err = capsys.readouterr().err
+        assert f"{role} may not use the table " in err and (
+            f"grant it (GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "
+            f"{role}; GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role})") in err, err
+    finally:
+        postgres.drop_databases()
+        postgres._admin(f'DROP ROLE IF EXISTS "{role}"')
