@@ -121,7 +121,11 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
     tracker.end_study(summary, best_params,
                       best_model="" if best is None or best.user_attrs.get(record.OUTCOME)
                       != "reached" else str(best.user_attrs.get(record.MODEL) or ""))
-    if not tracker.close(timeout_s=60):
+    delivered = tracker.close(timeout_s=60)
+    if tracker.outbox.refused:
+        echo(f"MLflow refused {tracker.outbox.refused} record(s) for good; they are in "
+             f"{tracker.outbox.spool.with_name('mlflow-refused.jsonl')} with the reasons")
+    if not delivered:
         why = tracker.outbox.last_error or ""
         state = (f"did not take the records ({why})" if "MLflow's trash" in why
                  else "is unreachable")

@@ -12,6 +12,7 @@ own timestamps (MLflow stores an identical metric once), and params and tags are
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,12 +25,36 @@ from typing import Any
 
 from .config import redact
 
-__all__ = ["Outbox", "RUN_KEY_TAG", "UID_TAG"]
+__all__ = ["Outbox", "RUN_KEY_TAG", "UID_TAG", "refused"]
 
 log = logging.getLogger(__name__)
 RUN_KEY_TAG = "autotune.run_key"
 UID_TAG = "autotune.study_uid"     # the study an experiment records (``record.STUDY_UID``)
 _MAX_BACKOFF_S = 30.0
+
+
+# MLflow's answers that no retry changes (a request it judged wrong, a run no longer active)
+_REFUSALS = ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE")
+# what writing a local artifact path answers where this machine cannot write it
+_NO_LOCAL_WRITE = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def refused(op: dict[str, Any], error: BaseException) -> str | None:
+    """Why MLflow will never take ``op`` (None: retry it, MLflow may be away): a request it
+    refuses as wrong (a param changed, a run ended or deleted in its UI), or an artifact for a
+    store this machine cannot write: a tracking server started without --serve-artifacts hands
+    its clients a path on its own machine."""
+    code = getattr(error, "error_code", None)
+    if type(error).__module__.startswith("mlflow") and code in _REFUSALS:
+        return f"MLflow refuses a record ({code})"
+    if op.get("op") == "artifact" and isinstance(error, OSError) and \
+            error.errno in _NO_LOCAL_WRITE and not type(error).__module__.startswith(
+                ("requests", "urllib3")):
+        return ("MLflow's artifact store cannot be written from this machine: the study's "
+                "files stay in its run folder (mlflow-files) and are not uploaded; start "
+                "`mlflow server` with --serve-artifacts (its default), or an artifact root "
+                "this machine can write")
+    return None
 
 
 class DeletedExperiment(RuntimeError):
@@ -62,6 +87,9 @@ class Outbox:
         if uid is not None:
             self._experiment_tags[UID_TAG] = uid
         self.experiment_name: str | None = None   # the experiment's name, once found or made
+        self.refused = 0                   # records MLflow refused for good, set aside
+        self._told: set[str] = set()
+        self._refused_runs: set[str] = set()
         self._artifact_location = artifact_location
         self._experiment_id: str | None = None
         self._lock = threading.Condition()
@@ -145,6 +173,13 @@ class Outbox:
             except Exception as e:  # noqa: BLE001 - MLflow down or refusing: retry later
                 # MLflow's errors quote the URL, with any password in it
                 said = redact(" ".join(str(e).split()))
+                refusal = refused(op, e)
+                if refusal is None and isinstance(e, LookupError) and \
+                        op.get("run") in self._refused_runs:
+                    refusal = "MLflow refused to create a run, so its records are set aside"
+                if refusal is not None:    # no outage: waiting would hold every later record
+                    self._set_aside(op, refusal, said)
+                    continue
                 self.last_error = said[:300]
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
@@ -166,6 +201,24 @@ class Outbox:
                 self._pending.pop(0)
                 self._save()
                 self._lock.notify_all()
+
+    def _set_aside(self, op: dict[str, Any], refusal: str, said: str) -> None:
+        """Moves ``op``, which MLflow refused for good, from the queue to
+        ``mlflow-refused.jsonl`` beside it (with why), saying so once per kind of refusal."""
+        aside = self._spool.with_name("mlflow-refused.jsonl")
+        with self._lock:
+            with aside.open("a") as f:
+                f.write(json.dumps({"op": op, "error": said[:500]}) + "\n")
+            self._pending.pop(0)
+            self._save()
+            self._lock.notify_all()
+        if op.get("op") == "create_run":
+            self._refused_runs.add(str(op.get("key")))
+        self.refused += 1
+        if refusal not in self._told:
+            self._told.add(refusal)
+            log.warning("%s (%s); such records are set aside in %s, the others delivered",
+                        refusal, said[:200], aside)
 
     @property
     def _client(self) -> Any:

@@ -142,3 +142,46 @@ def test_an_experiment_in_mlflows_trash_keeps_the_records_and_says_why(tmp_path)
     client.restore_experiment("1")                      # restored: the next run delivers
     assert Outbox(lambda: client, spool, "study-x").close(timeout_s=60)
     assert len(client.search_runs(["1"])) == 2
+
+
+def test_a_record_mlflow_refuses_for_good_is_set_aside_and_the_rest_delivered(tmp_path, caplog):
+    # a param MLflow will not change (a second study's trial logged onto the first's run)
+    # was retried forever as "MLflow is unreachable", holding every later record
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=store)
+    spool = tmp_path / "outbox.jsonl"
+    box = Outbox(lambda: client, spool, "study-x")
+    for op in ops(1):
+        box.submit(op)
+    box.submit({"op": "log", "run": "trial-0", "params": {"global_batch": "256"}})  # changed
+    box.submit({"op": "log", "run": "trial-0", "metrics": [["top1", 0.9, 9_000, 5]]})
+    assert box.close(timeout_s=60)
+    assert box.refused == 1 and spool.read_text() == ""
+    aside = [json.loads(line) for line in (tmp_path / "mlflow-refused.jsonl").read_text()
+             .splitlines()]
+    assert [a["op"]["params"] for a in aside] == [{"global_batch": "256"}]
+    assert "INVALID_PARAMETER_VALUE" in aside[0]["error"] or "Changing param" in aside[0]["error"]
+    run = client.search_runs(["1"], filter_string=f"tags.`{RUN_KEY_TAG}` = 'trial-0'")[0]
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "top1")] == [0.0, 0.9]
+    assert any("MLflow refuses a record" in r.getMessage() for r in caplog.records)
+
+
+def test_artifacts_for_a_store_this_machine_cannot_write_are_set_aside(tmp_path, caplog):
+    # a tracking server started without --serve-artifacts hands out a path on its own
+    # machine; here an experiment whose artifact root cannot be made
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=store)
+    client.create_experiment("study-x", artifact_location="/proc/no-such/artifacts")
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    spool = tmp_path / "outbox.jsonl"
+    box = Outbox(lambda: client, spool, "study-x")
+    for op in ops(0)[:2]:
+        box.submit(op)
+    box.submit({"op": "artifact", "run": "trial-0", "path": str(plan)})
+    box.submit({"op": "log", "run": "trial-0", "metrics": [["top1", 0.5, 9_000, 0]]})
+    assert box.close(timeout_s=60) and box.refused == 1
+    assert any("MLflow's artifact store cannot be written from this machine" in r.getMessage()
+               for r in caplog.records)
+    run = client.search_runs(["1"], filter_string=f"tags.`{RUN_KEY_TAG}` = 'trial-0'")[0]
+    assert run.data.metrics["top1"] == 0.5
