@@ -78,6 +78,7 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     its data's number of classes), the search space and the number of training images."""
     cfg = _absolute_paths(_absolute_data(cfg))
     _check_stores_apart(cfg)
+    _check_outputs_outside_tree(cfg)
     check_writable(cfg.tracking_uri, "tracking_uri")
     check_writable(cfg.run_dir, "run_dir")
     if cfg.workers >= 1:
@@ -86,6 +87,32 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     checked = checked_space(cfg)
     _check_images(checked[0])
     return checked
+
+
+def _check_outputs_outside_tree(cfg: StudyConfig) -> None:
+    """Refuses a run folder or local MLflow store inside the folders an ImageFolder tree's
+    classes are read from (a tree at the project folder itself, ``path: .`` with
+    ``val_split``): the trainers would take them for classes without images, and the
+    study's plots (.png) for training images."""
+    data = cfg.trainer.data
+    if data.get("kind") != "imagefolder":
+        return
+    root = Path(str(data.get("path", ""))).resolve()
+    read = [root / "train" if (root / "train").is_dir() or data.get("val_split") is None
+            else root]
+    read += [root / name for name in ("val", "valid", "validation") if (root / name).is_dir()]
+    _, artifacts = resolve_tracking_uri(cfg.tracking_uri)
+    outputs = [("run_dir", cfg.run_dir)] + (
+        [("tracking_uri", cfg.tracking_uri)] if artifacts is not None else [])
+    for key, path in outputs:
+        where = Path(path).resolve()
+        inside = next((folder for folder in read if where.is_relative_to(folder)), None)
+        if inside is not None:
+            raise ConfigError(
+                f"{key} {where} lies inside the ImageFolder tree's class folders ({inside}), "
+                "where the study's own folders would be read as classes and its plots as "
+                f"images: give {key} outside {inside}, or move the class folders into a "
+                "folder of their own and give that as trainer.data.path")
 
 
 def _check_stores_apart(cfg: StudyConfig) -> None:

@@ -13,6 +13,7 @@ from PIL import Image
 
 from autotune import config, record
 from autotune._study_setup import prepare
+from autotune.cli import main
 
 from .conftest import run_cli
 
@@ -108,3 +109,27 @@ def test_a_study_files_home_folder_paths_are_the_users_home(tmp_path, monkeypatc
     assert cfg.trainer.data["path"] == str(home / "images")
     assert [p.name for p in space.params] == ["global_batch", "lr_per_256", "epochs"]
     assert size > 0 and not (tmp_path / "~").exists()
+
+
+def test_a_tree_at_the_project_folder_is_refused_while_the_studys_folders_would_be_in_it(
+        workdir, capsys):
+    # `path: .` with val_split: the run folder and the MLflow store became class folders
+    # without images (the first trial crashed, the resume was refused) and the study's
+    # plots would have been read as images
+    for name in ("cats", "dogs"):
+        (workdir / name).mkdir()
+        for i in range(3):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(workdir / name / f"{i}.png")
+    (workdir / "study.yaml").write_text(
+        "trainer:\n  model: resnet18\n  data: {kind: imagefolder, path: ., image_size: 32, "
+        "val_split: 0.3}\ntarget: {metric: top1, value: 0.9}\n")
+    assert main(["start", "study", "study.yaml"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"autotune: error: run_dir {workdir / 'autotune-runs'} lies inside the ImageFolder "
+        f"tree's class folders ({workdir}), where the study's own folders would be read as "
+        f"classes and its plots as images: give run_dir outside {workdir}, or move the class "
+        "folders into a folder of their own and give that as trainer.data.path")
+    assert main(["start", "study", "study.yaml", "--run-dir", str(workdir.parent / "runs")]) \
+        == 2
+    assert f"tracking_uri {workdir / 'mlruns'} lies inside" in capsys.readouterr().err
+    assert sorted(p.name for p in workdir.iterdir()) == ["cats", "dogs", "study.yaml"]
