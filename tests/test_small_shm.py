@@ -44,6 +44,7 @@ def _can_mount_a_private_shm() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_mount_a_private_shm(),
                     reason="needs root and unshare to give one process a small /dev/shm")
 def test_a_study_on_a_machine_with_a_1_mib_dev_shm_trains(tmp_path):
