@@ -66,12 +66,13 @@ def _own_temp_folder() -> Path | None:
 
 
 def _can_write(folder: Path) -> bool:
-    """Whether ``folder`` can be made and written in (tried: permissions alone do not say so
-    for root, nor for a read-only file system)."""
+    """Whether ``folder`` can be made and written in (``_preflight.check_writable``'s probe)."""
+    from ._preflight import check_writable
+    from .errors import ConfigError
+
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=".autotune-probe-", dir=folder))
-    except OSError:
+        check_writable(str(folder), "the extension folder")
+    except ConfigError:
         return False
     return True
 
