@@ -14,6 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from . import record
+from ._preflight import access_advice
 from .config import StudyConfig, redact
 from .decisions import TrialResult, elapsed_of
 from .tracking import Tracker, ui_command
@@ -127,10 +128,15 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
              f"{tracker.outbox.spool.with_name('mlflow-refused.jsonl')} with the reasons")
     if not delivered:
         why = tracker.outbox.last_error or ""
-        state = (f"did not take the records ({why})" if "MLflow's trash" in why
-                 else "is unreachable")
-        echo(f"MLflow at {redact(tracker.uri)} {state}: {tracker.outbox.pending} record(s) wait "
-             f"in {tracker.outbox.spool}; the next run of this study delivers them")
+        if tracker.outbox.denied is not None:
+            echo(f"MLflow at {redact(tracker.uri)}: {access_advice(tracker.outbox.denied)}; "
+                 f"{tracker.outbox.pending} record(s) wait in {tracker.outbox.spool} for a run "
+                 "of this study that it accepts")
+        else:
+            state = (f"did not take the records ({why})" if "MLflow's trash" in why
+                     else "is unreachable")
+            echo(f"MLflow at {redact(tracker.uri)} {state}: {tracker.outbox.pending} record(s) "
+                 f"wait in {tracker.outbox.spool}; the next run of this study delivers them")
     experiment = tracker.experiment_name
     if experiment != cfg.study_name:
         echo(f"review the study in the MLflow UI (experiment {experiment!r}: "

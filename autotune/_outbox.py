@@ -23,9 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._preflight import access_advice
 from .config import redact
 
-__all__ = ["Outbox", "RUN_KEY_TAG", "UID_TAG", "refused"]
+__all__ = ["Outbox", "RUN_KEY_TAG", "UID_TAG", "denied", "refused"]
 
 log = logging.getLogger(__name__)
 RUN_KEY_TAG = "autotune.run_key"
@@ -55,6 +56,17 @@ def refused(op: dict[str, Any], error: BaseException) -> str | None:
                 "`mlflow server` with --serve-artifacts (its default), or an artifact root "
                 "this machine can write")
     return None
+
+
+def denied(error: BaseException) -> int | None:
+    """401 or 403 where the tracking server refused this client (its credentials, or their
+    rights), not a record: the records wait, as for an outage, until one that it accepts runs
+    the study (MLflow's client reads them from the environment). None for any other error."""
+    if type(error).__module__.startswith("mlflow") and hasattr(error, "get_http_status_code"):
+        status = error.get_http_status_code()
+    else:   # an artifact upload raises the HTTP error of ``requests``
+        status = getattr(getattr(error, "response", None), "status_code", None)
+    return status if status in (401, 403) else None
 
 
 class DeletedExperiment(RuntimeError):
@@ -97,6 +109,7 @@ class Outbox:
         self._runs: dict[str, str] = {}
         self._failing_since: float | None = None
         self.last_error: str | None = None   # why the latest delivery failed
+        self.denied: int | None = None       # 401 / 403: the server refuses this client
         self._closed = False
         self._thread = threading.Thread(target=self._deliver_forever, daemon=True,
                                         name="autotune-mlflow")
@@ -181,10 +194,16 @@ class Outbox:
                     self._set_aside(op, refusal, said)
                     continue
                 self.last_error = said[:300]
+                self.denied = denied(e)
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
-                    log.warning("MLflow is unreachable (%s); records are kept in %s and "
-                                "delivered when it is back", said[:200], self._spool)
+                    if self.denied is not None:
+                        log.warning("%s; records are kept in %s and delivered by a run of the "
+                                    "study that it accepts", access_advice(self.denied),
+                                    self._spool)
+                    else:
+                        log.warning("MLflow is unreachable (%s); records are kept in %s and "
+                                    "delivered when it is back", said[:200], self._spool)
                 with self._lock:
                     if self._closed:
                         return
@@ -196,6 +215,7 @@ class Outbox:
                             time.monotonic() - self._failing_since)
                 self._failing_since = None
             self.last_error = None
+            self.denied = None
             backoff = 0.5
             with self._lock:
                 self._pending.pop(0)

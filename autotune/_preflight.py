@@ -23,7 +23,8 @@ from .launch import trainer_env, trainer_path
 if TYPE_CHECKING:
     from .config import StudyConfig
 
-__all__ = ["check_ranks", "check_writable", "probe_micro_batch"]
+__all__ = ["access_advice", "check_ranks", "check_tracking_access", "check_writable",
+           "probe_micro_batch"]
 log = logging.getLogger("autotune")
 
 
@@ -52,6 +53,49 @@ def check_writable(path: str, key: str) -> None:
         raise ConfigError(f"{key} {path!r} cannot be written ({e.strerror or e} in "
                           f"{parent}); name a folder you can write") from None
     shutil.rmtree(probe, ignore_errors=True)
+
+
+def access_advice(status: int,
+                  where: str = "where autotune runs: the study's command and its workers") -> str:
+    """What to do about an MLflow server that answered ``status`` (401: not authenticated,
+    403: permission denied) to this client, with the credentials MLflow's client reads from
+    the environment (the password is never said); ``where`` says where to set them."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if os.environ.get("MLFLOW_TRACKING_TOKEN") and not user:
+        who = "the token in MLFLOW_TRACKING_TOKEN"
+    else:
+        who = f"user {user!r}" if user else "a client with no credentials"
+    if status == 401:
+        fix = ("check MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)" if user or
+               os.environ.get("MLFLOW_TRACKING_TOKEN") else
+               "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+               f"MLFLOW_TRACKING_TOKEN) {where}")
+        return f"the MLflow server does not accept {who} (401 not authenticated); {fix}"
+    return (f"the MLflow server denies {who} (403 permission denied); ask its administrator "
+            "for access, or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD of a "
+            "user who has it")
+
+
+def check_tracking_access(uri: str, key: str = "tracking_uri") -> None:
+    """A one-line error where the MLflow tracking server at ``uri`` refuses this client (401
+    or 403): its records would wait for good, not for an outage. One request, no retry; a
+    server that does not answer is left to the records' delivery, which waits for it (MLflow
+    down for a minute is a fault a study survives). Only http(s) servers are asked."""
+    if not re.match(r"^https?://", uri, re.IGNORECASE):
+        return
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    from .config import redact
+
+    try:
+        response = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/search",
+                                "GET", max_retries=0, timeout=10, raise_on_status=False,
+                                params={"max_results": 1})
+    except Exception:  # noqa: BLE001 - not answering: the delivery's retries deal with it
+        return
+    if response.status_code in (401, 403):
+        raise ConfigError(f"{key} {redact(uri)}: {access_advice(response.status_code)}")
 
 
 def local_slots(device: str) -> tuple[int, str]:

@@ -15,7 +15,7 @@ import optuna
 
 from . import record
 from ._console import Print
-from ._preflight import check_ranks, check_writable
+from ._preflight import check_ranks, check_tracking_access, check_writable
 from .config import (
     StudyConfig,
     config_changes,
@@ -81,6 +81,7 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     _check_outputs_outside_tree(cfg)
     check_writable(cfg.tracking_uri, "tracking_uri")
     check_writable(cfg.run_dir, "run_dir")
+    check_tracking_access(resolve_tracking_uri(cfg.tracking_uri)[0])
     if cfg.workers >= 1:
         check_ranks(cfg.device, cfg.ranks_per_trial, cfg.workers, cfg.oversubscribe,
                     "oversubscribe: true (or --oversubscribe)")

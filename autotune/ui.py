@@ -132,8 +132,19 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
     uri, _ = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):
         _require_answer(uri)
-        exp = _experiment_id(uri, study, echo)
         page = without_credentials(uri)       # the browser asks for them
+        try:
+            exp = _experiment_id(uri, study, echo)
+        except Exception as e:
+            from ._outbox import denied
+            from ._preflight import access_advice
+
+            status = denied(e)
+            if status is None:
+                raise
+            echo(access_advice(status, "for autotune ui to find the study's page; the MLflow "
+                               "UI asks the browser for them") + ":")
+            exp = None
         echo(experiment_url(page, exp) if exp else page)
         return 0
     store = sqlite_file(uri)

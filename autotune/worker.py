@@ -19,9 +19,9 @@ import optuna
 from . import record
 from ._channel import is_server_url
 from ._console import budget_left, format_result, quiet_libraries
-from ._preflight import check_ranks, check_writable
+from ._preflight import check_ranks, check_tracking_access, check_writable
 from ._study_folder import study_folder, study_uid
-from .config import StudyConfig, redact, without_credentials
+from .config import StudyConfig, redact, resolve_tracking_uri, without_credentials
 from .control import WorkerSession, registry_for, worker_name
 from .decisions import TrialResult, systematic_failure
 from .errors import ConfigError, StudyFailing
@@ -177,6 +177,7 @@ def run_worker(storage_url: str, study_name: str | None, echo: Callable[[str], N
                               "which is not on this machine; copy the file to that path here")
     check_writable(cfg.run_dir, "the study's run_dir")
     check_writable(cfg.tracking_uri, "the study's tracking_uri")
+    check_tracking_access(resolve_tracking_uri(cfg.tracking_uri)[0], "the study's tracking_uri")
     moved = follow_moved_store(cfg.tracking_uri)
     if moved:
         echo(moved)

@@ -130,20 +130,30 @@ class PostgresServer:
 class MlflowServer:
     """`mlflow server` with a PostgreSQL backend store and a local artifact root."""
 
-    def __init__(self, backend_url: str, artifacts: Path) -> None:
+    def __init__(self, backend_url: str, artifacts: Path,
+                 admin_password: str | None = None) -> None:
+        """``admin_password``: MLflow's basic-auth app, whose admin user ``admin`` has it."""
         self.backend = backend_url.replace("postgresql://", "postgresql+psycopg2://", 1)
         self.artifacts = artifacts
+        self.admin_password = admin_password
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 120) -> None:
         log = open(self.artifacts.parent / "mlflow-server.log", "ab")  # noqa: SIM115
+        auth: list[str] = []
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+        if self.admin_password is not None:   # its users' database lands in the cwd
+            auth = ["--app-name", "basic-auth"]
+            env.update(MLFLOW_AUTH_ADMIN_PASSWORD=self.admin_password,
+                       MLFLOW_FLASK_SERVER_SECRET_KEY="autotune-tests")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
              "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "--port", str(self.port), "--workers", "1", *auth],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            cwd=self.artifacts.parent)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
