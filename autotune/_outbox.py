@@ -110,6 +110,7 @@ class Outbox:
         self._failing_since: float | None = None
         self.last_error: str | None = None   # why the latest delivery failed
         self.denied: int | None = None       # 401 / 403: the server refuses this client
+        self._unsaved = False                # the spool could not be rewritten (said once)
         self._closed = False
         self._thread = threading.Thread(target=self._deliver_forever, daemon=True,
                                         name="autotune-mlflow")
@@ -128,10 +129,21 @@ class Outbox:
         return ops
 
     def _save(self) -> None:
-        self._spool.parent.mkdir(parents=True, exist_ok=True)
+        """Rewrites the spool to what is left. Where that cannot be written (a full disk), the
+        delivered records stay in it, said once: the next run of the study delivers them
+        again, which changes nothing (each record is idempotent), and none is lost."""
         tmp = self._spool.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(op) + "\n" for op in self._pending))
-        os.replace(tmp, self._spool)
+        try:
+            self._spool.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text("".join(json.dumps(op) + "\n" for op in self._pending))
+            os.replace(tmp, self._spool)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if not self._unsaved:
+                log.warning("the MLflow outbox %s cannot be rewritten (%s): the records "
+                            "delivered stay in it, and the next run of the study delivers "
+                            "them again, harmlessly", self._spool, e.strerror or e)
+            self._unsaved = True
 
     def submit(self, op: dict[str, Any]) -> None:
         """Queues ``op``; it is on disk when this returns."""
@@ -191,8 +203,11 @@ class Outbox:
                         op.get("run") in self._refused_runs:
                     refusal = "MLflow refused to create a run, so its records are set aside"
                 if refusal is not None:    # no outage: waiting would hold every later record
-                    self._set_aside(op, refusal, said)
-                    continue
+                    try:
+                        self._set_aside(op, refusal, said)
+                        continue
+                    except OSError as kept:   # a full disk: it waits, as for an outage
+                        said = f"{said}; setting it aside failed: {kept.strerror or kept}"
                 self.last_error = said[:300]
                 self.denied = denied(e)
                 if self._failing_since is None:

@@ -185,3 +185,27 @@ def test_artifacts_for_a_store_this_machine_cannot_write_are_set_aside(tmp_path,
                for r in caplog.records)
     run = client.search_runs(["1"], filter_string=f"tags.`{RUN_KEY_TAG}` = 'trial-0'")[0]
     assert run.data.metrics["top1"] == 0.5
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (ENOSPC)")
+def test_a_full_disk_stops_no_delivery_and_loses_no_record(tmp_path, caplog):
+    # rewriting the spool, or setting a refused record aside, on a full disk raised in the
+    # delivery thread: it died, and every later record waited until the command's timeout
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=store)
+    spool = tmp_path / "outbox.jsonl"
+    (tmp_path / "outbox.tmp").symlink_to("/dev/full")          # the spool's rewrite
+    (tmp_path / "mlflow-refused.jsonl").symlink_to("/dev/full")
+    box = Outbox(lambda: client, spool, "study-x")
+    for op in ops(2):
+        box.submit(op)
+    box.submit({"op": "log", "run": "trial-0", "params": {"global_batch": "256"}})  # refused
+    box.submit({"op": "log", "run": "trial-0", "metrics": [["top1", 0.9, 9_000, 5]]})
+    assert not box.flush(timeout_s=5) and box.pending == 2      # it waits, as for an outage
+    assert any("cannot be rewritten" in r.getMessage() for r in caplog.records)
+    assert "setting it aside failed" in (box.last_error or "")
+    (tmp_path / "mlflow-refused.jsonl").unlink()                # room again
+    assert box.close(timeout_s=60) and box.refused == 1 and spool.read_text() == ""
+    run = client.search_runs(["1"], filter_string=f"tags.`{RUN_KEY_TAG}` = 'trial-0'")[0]
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "top1")] == \
+        [0.0, 0.1, 0.9]
