@@ -109,9 +109,10 @@ def local_slots(device: str) -> tuple[int, str]:
 
 
 def check_ranks(device: str, ranks: int, workers: int, oversubscribe: bool,
-                flag: str = "oversubscribe: true") -> None:
+                flag: str = "oversubscribe: true") -> str | None:
     """A one-line error unless ``workers`` local workers of ``ranks`` ranks each fit this
-    machine's cores (CPU) or GPUs; a GPU study needs a GPU even when oversubscribed."""
+    machine's cores (CPU) or GPUs; a GPU study needs a GPU even when oversubscribed. Where
+    they share them on purpose, the line that says so (None where they fit)."""
     slots, what = local_slots(device)
     if device == "cuda" and slots == 0:
         raise ConfigError("device cuda: this machine has no CUDA GPU that torch can use; run "
@@ -122,6 +123,10 @@ def check_ranks(device: str, ranks: int, workers: int, oversubscribe: bool,
                           f"this machine has {slots} {what}: lower ranks_per_trial or "
                           f"workers, run workers on more machines, or set {flag} to share "
                           "them on purpose")
+    if wanted > slots:
+        return (f"{wanted} ranks share this machine's {slots} {what} (oversubscribe): each "
+                "trial trains slower than with one each, alike for every trial")
+    return None
 
 
 def probe_micro_batch(cfg: StudyConfig, ranks: int) -> int:

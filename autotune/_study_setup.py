@@ -73,9 +73,11 @@ def _absolute_paths(cfg: StudyConfig) -> StudyConfig:
                                run_dir=str(Path(cfg.run_dir).expanduser().resolve()))
 
 
-def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
+def prepare(cfg: StudyConfig, echo: Print = lambda _: None
+            ) -> tuple[StudyConfig, SearchSpace, int]:
     """Everything that can be checked before a store is touched: the config (paths absolute,
-    its data's number of classes), the search space and the number of training images."""
+    its data's number of classes), the search space and the number of training images;
+    ``echo`` says what the user should know (ranks that share cores on purpose)."""
     cfg = _absolute_paths(_absolute_data(cfg))
     _check_stores_apart(cfg)
     _check_outputs_outside_tree(cfg)
@@ -83,8 +85,10 @@ def prepare(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     check_writable(cfg.run_dir, "run_dir")
     check_tracking_access(resolve_tracking_uri(cfg.tracking_uri)[0])
     if cfg.workers >= 1:
-        check_ranks(cfg.device, cfg.ranks_per_trial, cfg.workers, cfg.oversubscribe,
-                    "oversubscribe: true (or --oversubscribe)")
+        shared = check_ranks(cfg.device, cfg.ranks_per_trial, cfg.workers, cfg.oversubscribe,
+                             "oversubscribe: true (or --oversubscribe)")
+        if shared:
+            echo(shared)
     checked = checked_space(cfg)
     _check_images(checked[0])
     return checked

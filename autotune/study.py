@@ -48,7 +48,7 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
     A study that exists already is resumed; if its stored config differs from ``cfg`` in
     more than how long and where it runs (``config.RESUMABLE``), it is refused with what
     changed, unless ``accept_changes``."""
-    cfg, space, size = prepare(cfg)
+    cfg, space, size = prepare(cfg, echo)
     moved = follow_moved_store(cfg.tracking_uri)
     if moved:
         echo(moved)

@@ -182,7 +182,10 @@ def run_worker(storage_url: str, study_name: str | None, echo: Callable[[str], N
     if moved:
         echo(moved)
     if hostfile is None:   # this machine's ranks; a hostfile's nodes say their own slots
-        check_ranks(cfg.device, cfg.ranks_per_trial, 1, oversubscribe, "--oversubscribe")
+        shared = check_ranks(cfg.device, cfg.ranks_per_trial, 1, oversubscribe,
+                             "--oversubscribe")
+        if shared:
+            echo(shared)
     name = worker_name()
     folder = study_folder(Path(cfg.run_dir), cfg.study_name, study_uid(study))
     registry = registry_for(storage_url)

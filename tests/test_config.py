@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ from autotune._config_checks import cadence_warning
 from autotune.cli import main
 from autotune.errors import ConfigError
 
-from .conftest import run_cli
+from .conftest import ROOT, run_cli
 
 QUICKSTART_SPACE = "search_space: quickstart\n"
 
@@ -432,3 +435,25 @@ def test_a_tracking_uri_naming_a_study_database_is_refused(tracking, said, workd
                            "records in a database of its own: leave tracking_uri at mlruns "
                            "(the default) or name another"), err
     assert sorted(p.name for p in workdir.iterdir()) == ["other.db"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_the_quickstart_runs_on_a_one_core_machine_and_says_its_ranks_share_it(tmp_path):
+    # the README's first command was refused on a 1-core machine (2 ranks, 1 core); a study
+    # file of the user's own still is, unless it says oversubscribe: true
+    write(tmp_path / "own.yaml", "ranks_per_trial: 2\ntarget: {metric: top1, value: 0.9}\n")
+    code = ("import os, sys\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "from autotune import _study_setup, config\n"
+            "from autotune.errors import ConfigError\n"
+            "try:\n    _study_setup.prepare(config.load(sys.argv[1]), print)\n"
+            "except ConfigError as e:\n    print('refused:', e)\n")
+    said = {}
+    for study in ("quickstart", "own.yaml"):
+        said[study] = subprocess.run([sys.executable, "-c", code, study], cwd=tmp_path,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                     capture_output=True, text=True, timeout=120)
+        assert said[study].returncode == 0, said[study].stderr[-2000:]
+    assert "2 ranks share this machine's 1 CPU core(s) (oversubscribe)" in \
+        said["quickstart"].stdout and "refused" not in said["quickstart"].stdout
+    assert "refused: 1 local worker(s) x 2 rank(s) = 2 ranks, but this machine has 1 CPU " \
+        "core(s)" in said["own.yaml"].stdout
