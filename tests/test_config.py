@@ -438,22 +438,23 @@ def test_a_tracking_uri_naming_a_study_database_is_refused(tracking, said, workd
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
-def test_the_quickstart_runs_on_a_one_core_machine_and_says_its_ranks_share_it(tmp_path):
-    # the README's first command was refused on a 1-core machine (2 ranks, 1 core); a study
-    # file of the user's own still is, unless it says oversubscribe: true
-    write(tmp_path / "own.yaml", "ranks_per_trial: 2\ntarget: {metric: top1, value: 0.9}\n")
+def test_ranks_that_share_a_core_on_purpose_are_said_and_never_unasked(tmp_path):
+    # on a 1-core machine the quickstart's 2 ranks are refused with what to do; asked with
+    # --oversubscribe, they share the core and the study says so when it starts
     code = ("import os, sys\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
             "from autotune import _study_setup, config\n"
             "from autotune.errors import ConfigError\n"
-            "try:\n    _study_setup.prepare(config.load(sys.argv[1]), print)\n"
+            "over = {'oversubscribe': True} if sys.argv[1:] else None\n"
+            "try:\n    _study_setup.prepare(config.load('quickstart', over), print)\n"
             "except ConfigError as e:\n    print('refused:', e)\n")
-    said = {}
-    for study in ("quickstart", "own.yaml"):
-        said[study] = subprocess.run([sys.executable, "-c", code, study], cwd=tmp_path,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                     capture_output=True, text=True, timeout=120)
-        assert said[study].returncode == 0, said[study].stderr[-2000:]
-    assert "2 ranks share this machine's 1 CPU core(s) (oversubscribe)" in \
-        said["quickstart"].stdout and "refused" not in said["quickstart"].stdout
+    said = []
+    for asked in ([], ["--oversubscribe"]):
+        done = subprocess.run([sys.executable, "-c", code, *asked], cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        said.append(done.stdout)
     assert "refused: 1 local worker(s) x 2 rank(s) = 2 ranks, but this machine has 1 CPU " \
-        "core(s)" in said["own.yaml"].stdout
+        "core(s)" in said[0] and "or --oversubscribe" in said[0]
+    assert "2 ranks share this machine's 1 CPU core(s) (oversubscribe)" in said[1] and \
+        "refused" not in said[1]
