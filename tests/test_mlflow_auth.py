@@ -16,16 +16,18 @@ from autotune._preflight import check_tracking_access
 
 from .conftest import run_cli
 
-pytestmark = [pytest.mark.mlflow_server, pytest.mark.postgres]
+pytestmark = pytest.mark.mlflow_server
 PASSWORD = "autotune-admin-pw"
 
 
-@pytest.fixture
-def auth_server(postgres, tmp_path):
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory):
+    """One server for the module, on an SQLite store (a test's PostgreSQL database is dropped
+    when the test ends)."""
     from ._services import MlflowServer
 
-    (tmp_path / "server").mkdir()
-    server = MlflowServer(postgres.database(), tmp_path / "server" / "artifacts",
+    folder = tmp_path_factory.mktemp("auth-server")
+    server = MlflowServer(f"sqlite:///{folder / 'mlflow.db'}", folder / "artifacts",
                           admin_password=PASSWORD)
     server.start()
     yield server

@@ -147,6 +147,7 @@ def test_a_model_that_cannot_be_saved_leaves_the_trials_result_as_it_is(tmp_path
     assert f"could not save the model to {plan['model_path']}" in log
 
 
+@pytest.mark.slow    # 30 s of real ranks; how weights are fitted and found is tested below
 def test_a_trial_starts_from_the_weights_a_study_names(tmp_path):
     """`trainer.weights`: the real trainer on real ranks loads a saved model's weights before
     its first step. The same plan (the quickstart's warm start on the digits) from scratch

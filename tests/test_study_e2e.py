@@ -275,6 +275,7 @@ def test_a_study_keeps_its_timeout_and_says_which_trial_it_stopped(tmp_path):
     assert trial.user_attrs["elapsed_s"] < 20
 
 
+@pytest.mark.slow    # 35 s; what counts toward the budget is record.finished (test_record)
 def test_a_study_counts_trials_that_workers_elsewhere_finish_toward_its_budget(tmp_path):
     """`n_trials` is what the study should hold, whoever ran them: trials another worker
     finishes while `start study` runs its own local worker count, so it starts no more once
