@@ -53,6 +53,12 @@ def foreign_study(study: optuna.Study) -> str | None:
     return None
 
 
+# the package that brings a database driver SQLAlchemy asks for (the module is not its name)
+_DRIVERS = {"pymysql": "pymysql", "MySQLdb": "mysqlclient", "mysql": "mysql-connector-python",
+            "psycopg": "psycopg", "psycopg2": "psycopg2-binary", "asyncpg": "asyncpg",
+            "oracledb": "oracledb", "pyodbc": "pyodbc", "pymssql": "pymssql"}
+
+
 def storage_problem(error: BaseException, url: str) -> str:
     """What went wrong opening the database at ``url``, in one line: a database driver that is
     not installed is named, with what to do (SQLAlchemy says only "install appropriate one"),
@@ -60,9 +66,12 @@ def storage_problem(error: BaseException, url: str) -> str:
     missing = error if isinstance(error, ModuleNotFoundError) else error.__cause__
     if isinstance(missing, ModuleNotFoundError) and missing.name:
         scheme = url.partition(":")[0]
+        package = _DRIVERS.get(missing.name.partition(".")[0])
+        install = (f"pip install {package}" if package
+                   else f"install the driver {scheme} URLs need")
         return (f"its database driver (Python module {missing.name}) is not installed; "
-                f"install the driver {scheme} URLs need, or use sqlite:///PATH (the default) "
-                "or postgresql://USER@HOST/DB (psycopg2, installed with autotune)")
+                f"{install}, or use sqlite:///PATH (the default) or postgresql://USER@HOST/DB "
+                "(psycopg2, installed with autotune)")
     if error.__cause__ is not None and str(error).startswith("An exception is raised during"):
         error = error.__cause__     # Optuna's word for any failed commit: the database's own
     text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", " ".join(str(error).split()))

@@ -127,6 +127,42 @@ class PostgresServer:
             shutil.rmtree(self._folder, ignore_errors=True)
 
 
+class MysqlDatabase:
+    """A throwaway database on a running MySQL or MariaDB server."""
+
+    def __init__(self, server: str, name: str) -> None:
+        self.server, self.name = server, name
+        self.url = f"{server.rstrip('/')}/{name}"
+
+    @classmethod
+    def make(cls) -> MysqlDatabase | str:
+        """A new database, or why none can be made here."""
+        import sqlalchemy as sa
+
+        try:
+            import pymysql  # noqa: F401
+        except ImportError:
+            return "pymysql is not installed"
+        server = os.environ.get("AUTOTUNE_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306")
+        name = f"autotune_test_{uuid.uuid4().hex[:10]}"
+        try:
+            engine = sa.create_engine(server, connect_args={"connect_timeout": 3})
+            with engine.connect() as conn:
+                conn.execute(sa.text(f"CREATE DATABASE `{name}`"))
+            engine.dispose()
+        except sa.exc.SQLAlchemyError as e:
+            return f"no MySQL server answers at {server} ({str(e).splitlines()[0][:120]})"
+        return cls(server, name)
+
+    def drop(self) -> None:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(self.server)
+        with engine.connect() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{self.name}`"))
+        engine.dispose()
+
+
 class MlflowServer:
     """`mlflow server` with a PostgreSQL backend store and a local artifact root."""
 

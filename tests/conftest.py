@@ -45,6 +45,20 @@ def _drop_test_databases(request: pytest.FixtureRequest):
 
 
 @pytest.fixture
+def mysql():
+    """A new database on the MySQL or MariaDB server at ``AUTOTUNE_TEST_MYSQL_URL`` (default
+    root on 127.0.0.1:3306, where one runs), dropped after the test; skipped where none
+    answers or its driver (pymysql) is missing."""
+    from ._services import MysqlDatabase
+
+    database = MysqlDatabase.make()
+    if isinstance(database, str):
+        pytest.skip(database)
+    yield database.url
+    database.drop()
+
+
+@pytest.fixture
 def mlflow_server(postgres, tmp_path):
     """A real `mlflow server` on a fresh PostgreSQL database, stopped after the test."""
     from ._services import MlflowServer

@@ -344,7 +344,11 @@ FLAGS = {
     "storage server without port": (["--storage", "autotune://h"], "must be HOST:PORT"),
     "storage whose driver is missing": (["--storage", "mysql://u@h/db"],
                                         "its database driver (Python module MySQLdb) is not "
-                                        "installed; install the driver mysql URLs need"),
+                                        "installed; pip install mysqlclient"),
+    "storage whose driver autotune cannot name": (
+        ["--storage", "mysql+mariadbconnector://u@h/db"],
+        "(Python module mariadb) is not installed; install the driver "
+        "mysql+mariadbconnector URLs need"),
     "storage of a scheme no database has": (["--storage", "redis://localhost"],
                                             "redis:// is not a database autotune can keep "
                                             "studies in; give sqlite:///PATH (the default), "

@@ -27,7 +27,19 @@ def silence(registry, name, seconds):
 
 
 def test_a_silent_workers_trial_is_failed_and_queued_with_its_checkpoint_once(tmp_path):
-    url = f"sqlite:///{tmp_path / 'study.db'}"
+    a_silent_workers_trial_is_failed_and_queued(f"sqlite:///{tmp_path / 'study.db'}")
+
+
+def test_on_mysql_too_the_registry_migrates_and_recovers_a_lost_trial(mysql):
+    # Optuna's users keep studies on MySQL as often as on PostgreSQL: autotune's own tables,
+    # their migrations and the recovery they serve work there as well
+    from autotune.db import check
+
+    a_silent_workers_trial_is_failed_and_queued(mysql)
+    check(mysql)                                 # the models match the migrations there too
+
+
+def a_silent_workers_trial_is_failed_and_queued(url: str) -> None:
     study, trial = make_study(url)
     registry = Registry(url)                      # creates autotune's tables on first use
     assert current(url) == head()
