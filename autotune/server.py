@@ -36,7 +36,7 @@ from ._control_loop import ControlLoop
 from ._retry import RetryingStorage
 from .config import database_url, redact
 from .errors import ConfigError
-from .store import check_database, storage_problem
+from .store import check_database, mysql_long_text, storage_problem
 
 __all__ = ["serve", "open_database"]
 
@@ -48,6 +48,7 @@ def open_database(storage_url: str) -> Any:
 
     rdb = RDBStorage(database_url(storage_url),
                      engine_kwargs={"pool_pre_ping": True, "pool_size": 8, "max_overflow": 8})
+    mysql_long_text(rdb.engine)
     # A short patience: a worker's call fails soon with "unavailable" and the worker keeps
     # what it wanted to write, instead of its trainer waiting on a call held here.
     return _Snapshots(rdb, f"the study database {redact(storage_url)}",  # type: ignore[abstract]

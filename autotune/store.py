@@ -7,6 +7,7 @@ the other end (``_retry.RetryingStorage``). The server's address, channels, secr
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from typing import Any
@@ -20,7 +21,9 @@ from .config import database_url, redact, sqlite_file, sqlite_wal
 from .errors import ConfigError
 from .record import STUDY_CONFIG
 
-__all__ = ["check_database", "foreign_study", "load_existing_study", "open_storage"]
+__all__ = ["check_database", "foreign_study", "load_existing_study", "mysql_long_text",
+           "open_storage"]
+log = logging.getLogger("autotune")
 
 
 def load_existing_study(study_name: str, storage: str) -> optuna.Study:
@@ -202,8 +205,46 @@ def open_storage(url: str, create: bool = True) -> Any:
     except Exception as e:
         raise ConfigError(f"cannot open storage {redact(url)!r}: {storage_problem(e, url)}") from e
     sqlite_wal(url)
+    mysql_long_text(rdb.engine)
     return RetryingStorage(rdb, f"the study database {redact(url)}",  # type: ignore[abstract]
                            file=None if path is None else str(path))
+
+
+# Optuna's JSON columns: MySQL's TEXT holds 64 KB, a trial's curve of about a thousand
+# evaluations (PostgreSQL's and SQLite's have no such limit)
+_JSON_COLUMNS = ("trial_user_attributes", "trial_system_attributes", "study_user_attributes",
+                 "study_system_attributes")
+
+
+def mysql_long_text(engine: Any) -> None:
+    """On MySQL or MariaDB, widens Optuna's attribute columns from TEXT (64 KB: a trial with
+    more than about a thousand evaluations could not record its curve, and failed) to
+    MEDIUMTEXT (16 MB), once; where the user may not ALTER them, says the statements to run.
+    Optuna reads and writes the wider column as it did the narrow one."""
+    import sqlalchemy as sa
+
+    if engine.dialect.name != "mysql":
+        return
+    try:
+        with engine.connect() as conn:
+            narrow = [row[0] for row in conn.execute(sa.text(
+                "SELECT table_name FROM information_schema.columns WHERE table_schema = "
+                "DATABASE() AND column_name = 'value_json' AND data_type IN ('tinytext', "
+                "'text')"))]
+    except sa.exc.SQLAlchemyError:
+        return
+    statements = [f"ALTER TABLE {table} MODIFY value_json MEDIUMTEXT" for table in narrow
+                  if table in _JSON_COLUMNS]
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.execute(sa.text(statement))
+    except sa.exc.SQLAlchemyError as e:
+        log.warning("MySQL's TEXT columns hold 64 KB: a trial's curve of more than about a "
+                    "thousand evaluations cannot be recorded, and could not widen them (%s); "
+                    "run as a user who may: %s", " ".join(str(e.orig if hasattr(e, "orig")
+                                                              else e).split())[:160],
+                    "; ".join(statements))
 
 
 class _ServerProxy(optuna.storages.GrpcStorageProxy):
