@@ -118,7 +118,31 @@ def storage_problem(error: BaseException, url: str) -> str:
         name = missing_db.group(1)
         return (f'the server has no database "{name}"; create it first (createdb {name}, '
                 f'or CREATE DATABASE "{name}" as a role that may), or name one it has')
-    return redact(text[:300])
+    return _mysql_problem(text, user, database) or redact(text[:300])
+
+
+def _mysql_problem(text: str, user: str, database: str) -> str | None:
+    """What MySQL's or MariaDB's answer (its error number) says to do, or None."""
+    code = re.search(r"\((\d{4}), ", text)
+    if code is None or "mysql" not in text.lower():
+        return None
+    number = int(code.group(1))
+    if number == 1049:
+        return (f"the MySQL server has no database {database}; create it first (CREATE "
+                f"DATABASE `{database}`, as a user who may), or name one it has")
+    if number in (1044, 1045, 1698):
+        why = f"no rights on {database}" if number == 1044 else "wrong password or no such user"
+        return (f"the MySQL server refuses {user} ({why}); "
+                "give a user and password it accepts (mysql+pymysql://USER:PASSWORD@HOST/DB), "
+                f"or grant it (GRANT ALL ON `{database}`.* TO '{user}'@'%', as a user who "
+                "may)")
+    if number in (1142, 1227):
+        return (f"{user} may not create or change tables in {database}: grant it (GRANT ALL "
+                f"ON `{database}`.* TO '{user}'@'%', as a user who may)")
+    if number == 2003:
+        return ("no MySQL server answers there (connection refused or timed out): start it, or "
+                "give the host and port where it runs (mysql+pymysql://USER@HOST:3306/DB)")
+    return None
 
 
 def _tables(url: str) -> set[str]:

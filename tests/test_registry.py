@@ -271,3 +271,21 @@ def test_a_heartbeat_is_not_held_up_by_a_long_read_of_the_study_database(tmp_pat
     finally:
         reader.close()
         registry.close()
+
+
+def test_on_mysql_a_database_or_user_the_server_lacks_is_said_with_what_to_do(mysql):
+    import pytest
+
+    from autotune.errors import ConfigError
+    from autotune.store import open_storage
+
+    server = mysql.rsplit("/", 1)[0]
+    host = server.partition("@")[2] or server.partition("://")[2]
+    cases = {f"{server}/autotune_no_such_db": "the MySQL server has no database "
+                                              "autotune_no_such_db; create it first",
+             f"mysql+pymysql://autotune_nobody:pw@{host}/x": "the MySQL server refuses "
+                                                             "autotune_nobody (wrong password"}
+    for url, says in cases.items():
+        with pytest.raises(ConfigError) as raised:
+            open_storage(url)
+        assert says in str(raised.value) and "\n" not in str(raised.value), raised.value
