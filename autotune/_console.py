@@ -129,9 +129,10 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
     if not delivered:
         why = tracker.outbox.last_error or ""
         if tracker.outbox.denied is not None:
-            echo(f"MLflow at {redact(tracker.uri)}: {access_advice(tracker.outbox.denied)}; "
-                 f"{tracker.outbox.pending} record(s) wait in {tracker.outbox.spool} for a run "
-                 "of this study that it accepts")
+            advice = access_advice(tracker.outbox.denied, uri=tracker.uri)
+            echo(f"MLflow at {redact(tracker.uri)}: {advice}; {tracker.outbox.pending} "
+                 f"record(s) wait in {tracker.outbox.spool} for a run of this study that it "
+                 "accepts")
         else:
             state = (f"did not take the records ({why})" if "MLflow's trash" in why
                      else "is unreachable")

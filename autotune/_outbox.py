@@ -89,8 +89,12 @@ class Outbox:
 
     def __init__(self, connect: Callable[[], Any], spool: Path, experiment: str,
                  experiment_tags: dict[str, str] | None = None,
-                 artifact_location: str | None = None, uid: str | None = None) -> None:
+                 artifact_location: str | None = None, uid: str | None = None,
+                 uri: str = "") -> None:
+        """``uri``: the tracking URI ``connect`` uses, for what a refusal of its credentials
+        says (``_preflight.access_advice``)."""
         self._connect = connect             # makes the MlflowClient, in the delivery thread
+        self._uri = uri
         self._connected: Any = None
         self._spool = spool
         self._experiment = experiment
@@ -214,8 +218,8 @@ class Outbox:
                     self._failing_since = time.monotonic()
                     if self.denied is not None:
                         log.warning("%s; records are kept in %s and delivered by a run of the "
-                                    "study that it accepts", access_advice(self.denied),
-                                    self._spool)
+                                    "study that it accepts",
+                                    access_advice(self.denied, uri=self._uri), self._spool)
                     else:
                         log.warning("MLflow is unreachable (%s); records are kept in %s and "
                                     "delivered when it is back", said[:200], self._spool)

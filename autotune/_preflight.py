@@ -56,10 +56,22 @@ def check_writable(path: str, key: str) -> None:
 
 
 def access_advice(status: int,
-                  where: str = "where autotune runs: the study's command and its workers") -> str:
+                  where: str = "where autotune runs: the study's command and its workers",
+                  uri: str = "") -> str:
     """What to do about an MLflow server that answered ``status`` (401: not authenticated,
     403: permission denied) to this client, with the credentials MLflow's client reads from
-    the environment (the password is never said); ``where`` says where to set them."""
+    the environment, or the user in the tracking URI ``uri`` (the password is never said);
+    ``where`` says where to set them."""
+    from urllib.parse import unquote, urlparse
+
+    in_uri = urlparse(uri).username if uri else None
+    if in_uri and not os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        if status == 401:
+            return (f"the MLflow server does not accept user {unquote(in_uri)!r} of the "
+                    "tracking URI (401 not authenticated); check the password in it")
+        return (f"the MLflow server denies user {unquote(in_uri)!r} of the tracking URI (403 "
+                "permission denied); ask its administrator for access, or give a user who "
+                "has it")
     user = os.environ.get("MLFLOW_TRACKING_USERNAME")
     if os.environ.get("MLFLOW_TRACKING_TOKEN") and not user:
         who = "the token in MLFLOW_TRACKING_TOKEN"
@@ -95,7 +107,8 @@ def check_tracking_access(uri: str, key: str = "tracking_uri") -> None:
     except Exception:  # noqa: BLE001 - not answering: the delivery's retries deal with it
         return
     if response.status_code in (401, 403):
-        raise ConfigError(f"{key} {redact(uri)}: {access_advice(response.status_code)}")
+        raise ConfigError(f"{key} {redact(uri)}: "
+                          f"{access_advice(response.status_code, uri=uri)}")
 
 
 def local_slots(device: str) -> tuple[int, str]:

@@ -159,7 +159,7 @@ class Tracker:
         self.folder = folder
         self.uid = uid
         self.outbox = Outbox(self._connect, folder / "mlflow-outbox.jsonl", study_name,
-                             dict(experiment_tags or {}), artifacts, uid=uid)
+                             dict(experiment_tags or {}), artifacts, uid=uid, uri=self.uri)
 
     def _connect(self) -> Any:
         return connect(self.uri)
@@ -250,7 +250,7 @@ class Tracker:
         if spool.is_file():
             from ._outbox import Outbox
 
-            left = Outbox(self._connect, spool, self.study_name, uid=self.uid)
+            left = Outbox(self._connect, spool, self.study_name, uid=self.uid, uri=self.uri)
             if not left.close(timeout_s=60):
                 log.warning("MLflow records of lost worker %s are still in %s", worker, spool)
         self._log(key, tags={"optuna.state": "FAIL", "autotune.outcome": "failed",

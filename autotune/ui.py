@@ -143,7 +143,7 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
             if status is None:
                 raise
             echo(access_advice(status, "for autotune ui to find the study's page; the MLflow "
-                               "UI asks the browser for them") + ":")
+                               "UI asks the browser for them", uri=uri) + ":")
             exp = None
         echo(experiment_url(page, exp) if exp else page)
         return 0

@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 
 from autotune._outbox import RUN_KEY_TAG, Outbox
 from autotune._preflight import check_tracking_access
+from autotune.errors import ConfigError
 
 from .conftest import run_cli
 
@@ -75,6 +76,16 @@ def test_a_study_without_credentials_the_server_accepts_is_refused_before_it_sta
 
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
     check_tracking_access(auth_server.url)    # accepted: no error
+
+    # the user and password written in the tracking URI instead
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+    check_tracking_access(auth_server.url.replace("http://", f"http://admin:{PASSWORD}@"))
+    with pytest.raises(ConfigError) as raised:
+        check_tracking_access(auth_server.url.replace("http://", "http://admin:nope-pw@"))
+    said = str(raised.value)
+    assert "does not accept user 'admin' of the tracking URI (401" in said
+    assert "check the password in it" in said and "nope-pw" not in said
 
 
 def test_records_refused_for_credentials_wait_and_arrive_with_them(
