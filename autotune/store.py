@@ -72,6 +72,9 @@ def storage_problem(error: BaseException, url: str) -> str:
         package = _DRIVERS.get(missing.name.partition(".")[0])
         install = (f"pip install {package}" if package
                    else f"install the driver {scheme} URLs need")
+        if missing.name == "MySQLdb":     # mysqlclient compiles against MySQL's C library
+            install += " (it builds against MySQL's client library; mysql+pymysql:// URLs " \
+                       "need only pip install pymysql)"
         return (f"its database driver (Python module {missing.name}) is not installed; "
                 f"{install}, or use sqlite:///PATH (the default) or postgresql://USER@HOST/DB "
                 "(psycopg2, installed with autotune)")
