@@ -20,7 +20,7 @@ from typing import Any
 
 from . import record
 
-__all__ = ["MARKER", "new_uid", "study_folder", "study_uid"]
+__all__ = ["LOCK", "MARKER", "hold", "new_uid", "study_folder", "study_uid"]
 
 MARKER = ".autotune-study"
 
@@ -78,3 +78,37 @@ def _empty_dir(folder: Path) -> bool:
         return folder.is_dir() and not any(folder.iterdir())
     except OSError:
         return False
+
+
+LOCK = ".autotune-running"
+
+
+def hold(folder: Path) -> Any:
+    """Takes ``folder`` for this process's ``start study``: an exclusive lock on its
+    ``.autotune-running`` file, which the system releases when the process ends, however it
+    ends. Two ``start study`` of one study from one folder would share its MLflow outbox (each
+    rewriting the file the other appends to, so a crash could lose records), its plots and its
+    best model. Returns the open file, to keep while the study runs; a one-line ConfigError,
+    with the holder's process id, where another process holds it. ``autotune worker`` keeps
+    its own files under the folder and takes no lock."""
+    import fcntl
+
+    from .errors import ConfigError
+
+    folder.mkdir(parents=True, exist_ok=True)
+    held = (folder / LOCK).open("a+")
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        held.seek(0)
+        pid = held.read().strip() or "another process"
+        held.close()
+        raise ConfigError(f"the study's run folder {folder} is in use by another `start study` "
+                          f"of it (process {pid}): wait for that one to end, or run more trials "
+                          "at once with an `autotune worker` beside it (or --workers when "
+                          "starting)") from None
+    held.seek(0)
+    held.truncate()
+    held.write(str(os.getpid()))
+    held.flush()
+    return held

@@ -21,7 +21,7 @@ from . import record
 from ._channel import is_server_url
 from ._config_checks import cadence_warning
 from ._console import Print, budget_left, finished, format_result, result_of, summarize
-from ._study_folder import new_uid, study_folder, study_uid
+from ._study_folder import hold, new_uid, study_folder, study_uid
 from ._study_setup import check_experiment, check_resumed_config, prepare
 from .config import StudyConfig, redact
 from .control import RECONNECT_GRACE, StallGuard, WorkerSession, recover, registry_for, stall_grace
@@ -59,60 +59,69 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         pruner=make_pruner(cfg))
     check_experiment(cfg, study_uid(study), new=record.STUDY_CONFIG not in study.user_attrs)
     check_resumed_config(cfg, study, accept_changes, echo)
-    halted = clear_stop(study)
-    if halted is not None:
-        echo(f"study {cfg.study_name!r} was {describe(halted)}; resuming it")
-    existing = study.get_trials(deepcopy=False)
-    if existing:   # a resume draws on from where the study is, not the first run's draws again
-        study.sampler = make_sampler(cfg, cfg.seed + 1_000_003 * len(existing))
-    if not existing and cfg.warm_start:
-        for point in space.warm_starts:
-            study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})
-    if record.STUDY_CONFIG not in study.user_attrs:  # workers wait for it before joining
-        study.set_user_attr(record.STUDY_UID, new_uid())
-        study.set_user_attr(record.STUDY_SPACE, space.to_dict())
-        study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
-    uid = study_uid(study)
-    folder = study_folder(Path(cfg.run_dir), cfg.study_name, uid)
-    if folder.name != cfg.study_name:
-        echo(f"{Path(cfg.run_dir) / cfg.study_name} holds another study's files (a study of "
-             "that name in another store, or one whose store was deleted): this study's go to "
-             f"{folder}")
-    tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder,
-                      {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
-                       "autotune.search_space": space.name,
-                       "autotune.storage": cfg.storage.split(":", 1)[0],
-                       "autotune.study": cfg.study_name}, uid=uid)
-    registry = registry_for(cfg.storage)
-    if not is_server_url(cfg.storage):  # trials of workers that died meanwhile
-        recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)
-    tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
-                        cfg.public_dict(), space.to_dict(), resumed=bool(existing))
-    done = len(finished(study))
-    todo = None if cfg.budget.n_trials is None else max(cfg.budget.n_trials - done, 0)
-    if existing:
-        echo(f"resuming study {cfg.study_name!r}: {done} finished trial(s) in "
-             f"{redact(cfg.storage)}")
-    failing = None
-    if todo == 0:
-        echo(f"study {cfg.study_name!r} already has {done} finished trials; raise --n-trials "
-             "to run more")
-    elif cfg.workers == 0:
-        failing = _wait_for_remote_workers(cfg, study, registry, storage, echo)
-    else:
-        session = WorkerSession(registry, cfg.study_name, cfg.heartbeat_s,
-                                recover_with=None if is_server_url(cfg.storage)
-                                else storage)
-        try:
-            failing = _run_workers(cfg, space, size, tracker, study, storage, session, todo,
-                                   echo)
-        finally:
-            session.close()
-    code = summarize(cfg, study, tracker, echo)
-    registry.close()
-    if failing:
-        raise StudyFailing(failing)
-    return code
+    # a study under way: its folder is taken before anything is written to the study
+    early = None if study_uid(study) is None else hold(
+        study_folder(Path(cfg.run_dir), cfg.study_name, study_uid(study)))
+    try:
+        halted = clear_stop(study)
+        if halted is not None:
+            echo(f"study {cfg.study_name!r} was {describe(halted)}; resuming it")
+        existing = study.get_trials(deepcopy=False)
+        if existing:   # a resume draws on from where the study is, not the first run's draws again
+            study.sampler = make_sampler(cfg, cfg.seed + 1_000_003 * len(existing))
+        if not existing and cfg.warm_start:
+            for point in space.warm_starts:
+                study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})
+        if record.STUDY_CONFIG not in study.user_attrs:  # workers wait for it before joining
+            study.set_user_attr(record.STUDY_UID, new_uid())
+            study.set_user_attr(record.STUDY_SPACE, space.to_dict())
+            study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
+        uid = study_uid(study)
+        folder = study_folder(Path(cfg.run_dir), cfg.study_name, uid)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    with early if early is not None else hold(folder):   # held while the file is open
+        if folder.name != cfg.study_name:
+            echo(f"{Path(cfg.run_dir) / cfg.study_name} holds another study's files (a study of "
+                 "that name in another store, or one whose store was deleted): this study's go to "
+                 f"{folder}")
+        tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder,
+                          {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
+                           "autotune.search_space": space.name,
+                           "autotune.storage": cfg.storage.split(":", 1)[0],
+                           "autotune.study": cfg.study_name}, uid=uid)
+        registry = registry_for(cfg.storage)
+        if not is_server_url(cfg.storage):  # trials of workers that died meanwhile
+            recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)
+        tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
+                            cfg.public_dict(), space.to_dict(), resumed=bool(existing))
+        done = len(finished(study))
+        todo = None if cfg.budget.n_trials is None else max(cfg.budget.n_trials - done, 0)
+        if existing:
+            echo(f"resuming study {cfg.study_name!r}: {done} finished trial(s) in "
+                 f"{redact(cfg.storage)}")
+        failing = None
+        if todo == 0:
+            echo(f"study {cfg.study_name!r} already has {done} finished trials; raise --n-trials "
+                 "to run more")
+        elif cfg.workers == 0:
+            failing = _wait_for_remote_workers(cfg, study, registry, storage, echo)
+        else:
+            session = WorkerSession(registry, cfg.study_name, cfg.heartbeat_s,
+                                    recover_with=None if is_server_url(cfg.storage)
+                                    else storage)
+            try:
+                failing = _run_workers(cfg, space, size, tracker, study, storage, session, todo,
+                                       echo)
+            finally:
+                session.close()
+        code = summarize(cfg, study, tracker, echo)
+        registry.close()
+        if failing:
+            raise StudyFailing(failing)
+        return code
 
 
 def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: Any,

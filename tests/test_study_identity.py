@@ -5,6 +5,7 @@ the second never writes into the first's trial folders, models or MLflow runs.""
 from __future__ import annotations
 
 import multiprocessing
+import os
 from pathlib import Path
 
 import optuna
@@ -17,6 +18,7 @@ from autotune.cli import main
 from autotune.config import resolve_tracking_uri
 from autotune.tracking import Tracker
 
+from .conftest import run_cli
 from .test_outbox import ops
 
 A, B = "a" * 32, "b" * 32
@@ -182,3 +184,30 @@ def test_the_ui_of_a_study_name_tells_of_the_other_studies_recorded_under_it(tmp
     assert _experiment_id(store, "quickstart-2", said.append) == \
         client.get_experiment_by_name("quickstart-2").experiment_id
     assert said == []
+
+
+def test_a_second_start_study_of_one_study_from_one_folder_is_refused(tmp_path, monkeypatch):
+    # it shared the first's MLflow outbox (each process rewriting the file the other appends
+    # to), plots and best model; a worker beside it, or --workers, is the way to run more
+    from autotune import _study_setup, config
+    from autotune._study_folder import LOCK, hold
+
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    cfg, space, _ = _study_setup.prepare(config.load("quickstart", {"storage": storage}))
+    study = optuna.create_study(study_name="quickstart", storage=storage, direction="minimize")
+    uid = new_uid()                         # as the first `start study` made it
+    study.set_user_attr(record.STUDY_UID, uid)
+    study.set_user_attr(record.STUDY_SPACE, space.to_dict())
+    study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
+    folder = study_folder(tmp_path / "autotune-runs", "quickstart", uid)
+    with hold(folder):                      # as the first holds it while it runs
+        second = run_cli("start", "study", "quickstart", "--storage", storage, cwd=tmp_path,
+                         timeout=300)
+        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
+        assert second.stderr.count("\n") == 1, second.stderr
+        assert f"the study's run folder {folder} is in use by another `start study` of it " \
+               f"(process {os.getpid()})" in second.stderr
+        assert (folder / LOCK).read_text() == str(os.getpid())
+    assert study.trials == [] and sorted(p.name for p in folder.iterdir()) == [LOCK, MARKER]
+    hold(folder).close()                    # free again once the first has ended
