@@ -90,9 +90,10 @@ def access_advice(status: int,
 
 def check_tracking_access(uri: str, key: str = "tracking_uri") -> None:
     """A one-line error where the MLflow tracking server at ``uri`` refuses this client (401
-    or 403): its records would wait for good, not for an outage. One request, no retry; a
-    server that does not answer is left to the records' delivery, which waits for it (MLflow
-    down for a minute is a fault a study survives). Only http(s) servers are asked."""
+    or 403), or where a web server that is not MLflow's answers there (404): its records would
+    wait for good, not for an outage. One request, no retry; a server that does not answer
+    is left to the records' delivery, which waits for it (MLflow down for a minute is a fault
+    a study survives). Only http(s) servers are asked."""
     if not re.match(r"^https?://", uri, re.IGNORECASE):
         return
     from mlflow.utils.credentials import get_default_host_creds
@@ -109,6 +110,10 @@ def check_tracking_access(uri: str, key: str = "tracking_uri") -> None:
     if response.status_code in (401, 403):
         raise ConfigError(f"{key} {redact(uri)}: "
                           f"{access_advice(response.status_code, uri=uri)}")
+    if response.status_code in (404, 405):  # another web server: records would wait for good
+        raise ConfigError(f"{key} {redact(uri)}: the server there answers, but not as an MLflow "
+                          f"tracking server (HTTP {response.status_code} for MLflow's API); "
+                          "give the URL `mlflow server` serves (with its path, behind a proxy)")
 
 
 def local_slots(device: str) -> tuple[int, str]:

@@ -140,8 +140,12 @@ def serve(tracking_uri: str, study: str | None, host: str, port: int,
             from ._preflight import access_advice
 
             status = denied(e)
-            if status is None:
+            if isinstance(e, ConfigError):
                 raise
+            if status is None:    # a server that answers, but not as MLflow (a proxy's page)
+                said = " ".join(str(e).split())[:200]
+                raise ConfigError(f"the MLflow server at {redact(uri)} did not answer as MLflow "
+                                  f"does ({redact(said)}); check --tracking-uri") from None
             echo(access_advice(status, "for autotune ui to find the study's page; the MLflow "
                                "UI asks the browser for them", uri=uri) + ":")
             exp = None

@@ -133,3 +133,31 @@ def test_a_denial_names_who_was_denied_and_what_to_do(monkeypatch):
     said = access_advice(403)
     assert "denies user 'ana' (403" in said and "ask its administrator" in said
     assert "pw-never-said" not in said + access_advice(401)
+
+
+def test_a_web_server_that_is_not_mlflow_is_refused_as_the_tracking_uri(tmp_path):
+    # another server on that port (a typo, a proxy's path left out): the study ran and its
+    # records waited for good as "MLflow is unreachable"; `autotune ui` ended in a traceback
+    import sys
+
+    from ._services import Background, free_port
+
+    port = free_port()
+    web = Background([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                     cwd=tmp_path)
+    try:
+        from ._services import wait_for_port
+
+        wait_for_port(port)
+        url = f"http://127.0.0.1:{port}"
+        for args in (("start", "study", "quickstart", "--tracking-uri", url),
+                     ("ui", "--tracking-uri", url, "--study", "quickstart")):
+            result = run_cli(*args, cwd=tmp_path, timeout=300)
+            assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+            assert result.stderr.count("\n") == 1, result.stderr
+            assert "not as an MLflow tracking server (HTTP 404" in result.stderr or \
+                "did not answer as MLflow does" in result.stderr, result.stderr
+        assert not (tmp_path / "autotune.db").exists()
+    finally:
+        web.kill()
+        web.wait(10)
