@@ -207,7 +207,7 @@ def _sweep_orphans(registry: Registry, storage: Any, study_name: str,
     except KeyError:
         return []
     running = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-    now = utcnow()
+    now = datetime.now()    # Optuna stamps a trial's start in the local time, not UTC
     old = [t for t in running if t.datetime_start is not None
            and (now - t.datetime_start.replace(tzinfo=None)).total_seconds() > after_s]
     if not old:

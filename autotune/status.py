@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = load_existing_study(study_name, storage)   # a missing study creates nothing
     trials = study.get_trials(deepcopy=False)
-    now = datetime.now(UTC).replace(tzinfo=None)
+    now = datetime.now()    # Optuna stamps a trial's start in the local time, not UTC
     echo(f"study {study_name!r} in {redact(storage)}: {len(trials)} trial(s)")
     foreign = foreign_study(study)
     if foreign:   # its values are not seconds: list its trials without them

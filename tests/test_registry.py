@@ -289,3 +289,61 @@ def test_on_mysql_a_database_or_user_the_server_lacks_is_said_with_what_to_do(my
         with pytest.raises(ConfigError) as raised:
             open_storage(url)
         assert says in str(raised.value) and "\n" not in str(raised.value), raised.value
+
+
+_SKEWED_WORKER = """
+import sys
+from datetime import timedelta
+
+from autotune.db import _registry
+
+real = _registry.utcnow
+_registry.utcnow = lambda: real() - timedelta(seconds=90)   # this machine's clock is behind
+registry = _registry.Registry(sys.argv[1], create=False)
+registry.register(name="behind", study="s", host="h", pid=1)
+registry.attempt(study="s", trial_number=0, attempt=1, worker="behind")
+registry.heartbeat(name="behind")
+print(registry.offset_s())
+"""
+
+
+def test_a_worker_whose_clock_runs_behind_is_not_given_up_while_it_beats(postgres, tmp_path):
+    # heartbeats were stamped with the worker's clock and judged on the recoverer's: a clock
+    # 90 s behind made a beating worker look silent, and its running trial was taken from it
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    url = postgres.database()
+    registry = Registry(url)
+    script = tmp_path / "worker.py"
+    script.write_text(_SKEWED_WORKER)
+    done = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 85 < float(done.stdout.split()[-1]) < 95      # it measured the server 90 s ahead
+    assert registry.claim_lost("s", 15.0, datetime.min) == []
+    assert [w["status"] for w in registry.workers("s")] == ["running"]
+    registry.close()
+
+
+def test_optunas_local_trial_times_are_read_as_local_in_any_time_zone(tmp_path, monkeypatch):
+    # Optuna stamps a trial's start in the machine's local time; compared with UTC, a trial
+    # that had just started looked hours old west of UTC (and was swept as an orphan if its
+    # worker had not recorded it yet) and hours from starting east of it
+    from autotune.control import _sweep_orphans
+
+    monkeypatch.setenv("TZ", "Etc/GMT+5")       # UTC-5
+    time.tzset()
+    try:
+        url = f"sqlite:///{tmp_path / 'study.db'}"
+        study, trial = make_study(url)
+        registry = Registry(url)
+        assert _sweep_orphans(registry, study._storage, "s", 60.0) == []
+        assert study.trials[trial.number].state.name == "RUNNING"
+        registry.close()
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

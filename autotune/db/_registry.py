@@ -8,6 +8,7 @@ JSON values, so the same calls travel over the study server's control channel.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,35 @@ _ENDED = ("finished", "interrupted", "lost", "abandoned")
 def utcnow() -> datetime:
     """Now, as the naive UTC timestamps the registry stores."""
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+_OFFSET_EVERY_S = 600.0
+# the server's UTC time, with microseconds, as each database says it
+_SERVER_UTC = {"postgresql": "SELECT timezone('utc', clock_timestamp())",
+               "mysql": "SELECT UTC_TIMESTAMP(6)"}
+
+
+def _clock_offset(engine: Engine) -> timedelta | None:
+    """How far the database server's clock is ahead of this machine's (0 for a database
+    without a server: SQLite), from one query, taken at its midpoint; None if it cannot be
+    asked now."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    query = _SERVER_UTC.get(engine.dialect.name)
+    if query is None:
+        return timedelta(0)
+    try:
+        with engine.connect() as conn:
+            before = utcnow()
+            server = conn.execute(text(query)).scalar()
+            after = utcnow()
+    except SQLAlchemyError:
+        return None
+    if not isinstance(server, datetime):
+        return None
+    offset = server.replace(tzinfo=None) - (before + (after - before) / 2)
+    return offset if abs(offset) > timedelta(milliseconds=50) else timedelta(0)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -61,13 +91,32 @@ class Registry:
         self.url = url
         self.engine: Engine = create_engine(database_url(url), pool_pre_ping=True,
                                             **_pool_options(url))
+        self._offset = timedelta(0)
+        self._offset_at: float | None = None
 
     def close(self) -> None:
         self.engine.dispose()
 
+    def _now(self) -> datetime:
+        """The database server's UTC time, as this machine's clock corrected by their offset
+        (measured on first use and every 10 minutes): heartbeats written on one machine are
+        judged on another, and a worker whose clock runs behind looked silent and was given
+        up while it trained. An SQLite file lives on this machine: no offset."""
+        if self._offset_at is None or time.monotonic() - self._offset_at > _OFFSET_EVERY_S:
+            measured = _clock_offset(self.engine)
+            if measured is not None:
+                self._offset = measured
+            self._offset_at = time.monotonic()   # not asked again at every call while away
+        return utcnow() + self._offset
+
+    def offset_s(self) -> float:
+        """How far the database server's clock is ahead of this machine's, in seconds."""
+        self._now()
+        return self._offset.total_seconds()
+
     # -- workers ------------------------------------------------------------------------------
     def register(self, name: str, study: str, host: str, pid: int) -> dict[str, Any]:
-        now = utcnow()
+        now = self._now()
         with Session(self.engine) as s, s.begin():
             worker = s.scalars(select(Worker).where(Worker.name == name)).first()
             if worker is None:
@@ -80,7 +129,7 @@ class Registry:
     def heartbeat(self, name: str) -> dict[str, Any]:
         """Marks ``name`` and its running attempts alive; its status ("lost" if the registry
         gave it up for dead: its trial was resumed elsewhere)."""
-        now = utcnow()
+        now = self._now()
         with Session(self.engine) as s, s.begin():
             worker = s.scalars(select(Worker).where(Worker.name == name)).first()
             if worker is None:
@@ -96,7 +145,7 @@ class Registry:
     def stop_worker(self, name: str) -> dict[str, Any]:
         with Session(self.engine) as s, s.begin():
             s.execute(update(Worker).where(Worker.name == name, Worker.status == "running")
-                      .values(status="stopped", last_heartbeat=utcnow()))
+                      .values(status="stopped", last_heartbeat=self._now()))
         return {}
 
     # -- attempts -----------------------------------------------------------------------------
@@ -105,7 +154,7 @@ class Registry:
         """Creates or updates the attempt ``(study, trial_number, attempt)``. Fields: status,
         checkpoint_path, elapsed_s, downtime_s, mlflow_run_id, resume_of (the trial number of
         the attempt this one resumes)."""
-        now = utcnow()
+        now = self._now()
         with Session(self.engine) as s, s.begin():
             row = s.scalars(select(TrialAttempt).where(
                 TrialAttempt.study_name == study, TrialAttempt.trial_number == trial_number,
@@ -140,8 +189,8 @@ class Registry:
         """Gives up ``study``'s workers silent for ``stale_s`` (counted from ``alive_since`` at the
         earliest: a restarted server gives every worker time to reconnect) and claims their
         running attempts, each exactly once across every caller."""
-        cutoff = utcnow() - timedelta(seconds=stale_s)
-        if alive_since > cutoff:
+        cutoff = self._now() - timedelta(seconds=stale_s)
+        if alive_since > cutoff - self._offset:     # alive_since: this machine's clock
             return []
         claimed = []
         with Session(self.engine) as s, s.begin():
@@ -159,7 +208,7 @@ class Registry:
                 done = s.execute(update(TrialAttempt)
                                  .where(TrialAttempt.id == attempt_id,
                                         TrialAttempt.status == "running")
-                                 .values(status="lost", ended_at=utcnow()))
+                                 .values(status="lost", ended_at=self._now()))
                 won = int(getattr(done, "rowcount", 0))
                 if not won:
                     continue                      # another recoverer was first
@@ -170,8 +219,9 @@ class Registry:
                                 "attempt": row.attempt, "worker": worker_name,
                                 "checkpoint_path": row.checkpoint_path,
                                 "elapsed_s": row.elapsed_s,
-                                "last_heartbeat": min(last_beat, row.last_heartbeat).replace(
-                                    tzinfo=UTC).timestamp()})
+                                "last_heartbeat": (min(last_beat, row.last_heartbeat)
+                                                   - self._offset).replace(
+                                    tzinfo=UTC).timestamp()})   # on this machine's clock
         return claimed
 
     def live_studies(self) -> list[str]:
