@@ -131,8 +131,10 @@ def _trainers_under(folder: Path) -> list[list[str]]:
                     for a in p.info["cmdline"])]
 
 
-@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM],
-                                     [signal.SIGINT, signal.SIGINT]])
+@pytest.mark.parametrize("signals", [
+    [signal.SIGINT],
+    pytest.param([signal.SIGTERM], marks=pytest.mark.slow),   # Ctrl-C's path, another code
+    [signal.SIGINT, signal.SIGINT]])
 def test_ctrl_c_or_sigterm_to_start_study_ends_its_trial_and_leaves_nothing_running(
         tmp_path, signals):
     """`autotune start study` stopped by Ctrl-C (SIGINT) or a SIGTERM while a trial trains:

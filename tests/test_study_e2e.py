@@ -228,6 +228,7 @@ def test_a_tree_that_is_mostly_not_images_is_refused_before_any_trial(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_images", "study.yaml"]  # nothing
 
 
+@pytest.mark.slow    # 26 s; decisions.systematic_failure is unit-tested (test_decisions)
 def test_a_study_whose_every_trial_fails_alike_stops_after_three_and_says_why(tmp_path):
     # A training script whose own data file is not there: no configuration can run it.
     (tmp_path / "train.py").write_text(
