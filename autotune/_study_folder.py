@@ -11,6 +11,7 @@ same machine) finds the same folder.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from . import record
 __all__ = ["LOCK", "MARKER", "hold", "new_uid", "study_folder", "study_uid"]
 
 MARKER = ".autotune-study"
+log = logging.getLogger("autotune")
 
 
 def new_uid() -> str:
@@ -99,7 +101,7 @@ def hold(folder: Path) -> Any:
     held = (folder / LOCK).open("a+")
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         held.seek(0)
         pid = held.read().strip() or "another process"
         held.close()
@@ -107,6 +109,9 @@ def hold(folder: Path) -> Any:
                           f"of it (process {pid}): wait for that one to end, or run more trials "
                           "at once with an `autotune worker` beside it (or --workers when "
                           "starting)") from None
+    except OSError as e:    # a filesystem without locks (Lustre mounted without -o flock)
+        log.warning("the study's run folder %s cannot be locked (%s): a second `start study` "
+                    "of this study from it would not be refused", folder, e.strerror or e)
     held.seek(0)
     held.truncate()
     held.write(str(os.getpid()))

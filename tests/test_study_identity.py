@@ -211,3 +211,21 @@ def test_a_second_start_study_of_one_study_from_one_folder_is_refused(tmp_path, 
         assert (folder / LOCK).read_text() == str(os.getpid())
     assert study.trials == [] and sorted(p.name for p in folder.iterdir()) == [LOCK, MARKER]
     hold(folder).close()                    # free again once the first has ended
+
+
+def test_a_run_folder_on_a_filesystem_without_locks_is_used_and_said(tmp_path, monkeypatch,
+                                                                    caplog):
+    # Lustre mounted without -o flock answers ENOSYS: that is no other study holding it
+    import errno
+    import fcntl
+
+    from autotune._study_folder import hold
+
+    def no_locks(*_):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with hold(tmp_path / "runs" / "s"):
+        pass
+    assert any("cannot be locked (Function not implemented)" in r.getMessage()
+               for r in caplog.records)
