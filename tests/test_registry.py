@@ -347,3 +347,23 @@ def test_optunas_local_trial_times_are_read_as_local_in_any_time_zone(tmp_path, 
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def test_status_counts_a_running_trials_seconds_in_any_time_zone(tmp_path, monkeypatch):
+    # `autotune status` read Optuna's local start time as UTC: west of UTC a trial that had
+    # just started showed as running for hours
+    from autotune.status import show
+
+    monkeypatch.setenv("TZ", "Etc/GMT+5")       # UTC-5
+    time.tzset()
+    try:
+        url = f"sqlite:///{tmp_path / 'study.db'}"
+        make_study(url)
+        said: list[str] = []
+        show("s", url, said.append)
+        [running] = [line for line in said if " s on" in line]
+        seconds = float(running.split(" s on")[0].split()[-1])
+        assert 0 <= seconds < 60, running
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
