@@ -138,6 +138,7 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
                   table_file.read_text().splitlines()) == [0, 1, 2]
 
 
+@pytest.mark.slow    # 26 s; test_space checks the README's space loads, other studies run
 def test_a_space_written_from_the_readme_runs_a_study(tmp_path):
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     code = readme.split("## Writing a search space", 1)[1].split("```python\n", 1)[1]

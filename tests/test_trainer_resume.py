@@ -33,6 +33,8 @@ def evals(messages):
     return [m for m in messages if m["type"] == "eval"]
 
 
+@pytest.mark.slow    # 50 s; stop --now (test_stop) and a lost worker's trial (test_crash_safety)
+# resume from checkpoints in the default suite
 def test_a_resumed_run_continues_the_schedule_and_clock_and_ends_where_the_full_one_does(
         tmp_path):
     full = evals(drive(plan_for(tmp_path), tmp_path / "full"))
