@@ -7,8 +7,9 @@ running attempts is claimed by exactly one recoverer, its Optuna trial is failed
 reason ``worker_lost``, and its configuration is queued again with the checkpoint, so the next
 free worker resumes it (same parameters, lineage recorded, the clock continuing from the
 checkpoint, the downtime recorded). Trials RUNNING in Optuna with no attempt on record (a
-worker that died between taking a trial and recording it) are failed and queued afresh after
-a while, so no trial stays RUNNING forever.
+worker that died between taking a trial and recording it) are failed and queued afresh once a
+recoverer has seen them so for 6 heartbeats on its own clock (Optuna's start stamps come from
+the clock of the machine that took the trial), so no trial stays RUNNING forever.
 
 Who recovers: the study server's control loop when workers use one (``autotune://``); with
 a direct database URL, every worker's heartbeat thread and the waiting ``start study``.
@@ -199,24 +200,47 @@ def _requeue(storage: Any, lost: dict[str, Any]) -> bool:
     return True
 
 
-def _sweep_orphans(registry: Registry, storage: Any, study_name: str,
-                   after_s: float) -> list[int]:
-    """RUNNING trials with no attempt on record, older than ``after_s``: failed, queued."""
+# When each RUNNING trial with no attempt on record was first seen by this process (a
+# monotonic time), keyed by study, trial number and Optuna's start stamp.
+_ORPHANS_SEEN: dict[tuple[str, int, str], float] = {}
+_ORPHANS_LOCK = threading.Lock()
+# Optuna stamps a trial's start with the clock of the machine that took it; a stamp older
+# than this beyond the sweep's wait is old even on a machine whose clock is badly off.
+STAMP_DOUBT_S = 3600.0
+
+
+def _sweep_orphans(registry: Registry, storage: Any, study_name: str, after_s: float,
+                   clock: Callable[[], float] = time.monotonic) -> list[int]:
+    """RUNNING trials with no attempt on record for ``after_s``: failed, queued.
+
+    How long is judged on this process's own clock, from when it first saw the trial without
+    an attempt: Optuna's start stamp comes from the clock of whichever machine took the trial,
+    and a worker whose clock ran a minute behind this one's had its trial swept the moment it
+    was taken (and trained it twice). A stamp older than ``after_s`` plus ``STAMP_DOUBT_S``
+    is old on any clock: such a trial (left by a study stopped long ago) goes at once.
+    """
     try:
         study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
         return []
     running = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-    now = datetime.now()    # Optuna stamps a trial's start in the local time, not UTC
-    old = [t for t in running if t.datetime_start is not None
-           and (now - t.datetime_start.replace(tzinfo=None)).total_seconds() > after_s]
-    if not old:
-        return []
-    recorded = registry.attempt_numbers(study_name)
+    recorded = registry.attempt_numbers(study_name) if running else set()
+    waiting = [t for t in running if t.number not in recorded]
+    now, local = clock(), datetime.now()
+    old = []
+    with _ORPHANS_LOCK:
+        keys = {(study_name, t.number, str(t.datetime_start)): t for t in waiting}
+        for key in [k for k in _ORPHANS_SEEN if k[0] == study_name and k not in keys]:
+            del _ORPHANS_SEEN[key]              # recorded, finished, or taken by another
+        for key, trial in keys.items():
+            first = _ORPHANS_SEEN.setdefault(key, now)
+            stamped = (None if trial.datetime_start is None else
+                       (local - trial.datetime_start.replace(tzinfo=None)).total_seconds())
+            if now - first >= after_s or (stamped is not None
+                                          and stamped > after_s + STAMP_DOUBT_S):
+                old.append(trial)
     swept = []
     for trial in old:
-        if trial.number in recorded:
-            continue
         lost = {"study": study_name, "trial_number": trial.number, "worker": "unknown",
                 "checkpoint_path": None, "last_heartbeat": time.time()}
         if _requeue(storage, lost):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,30 +20,42 @@ from .stopping import describe, stop_requested
 __all__ = ["list_studies", "show"]
 
 
-def _workers(url: str, study: str) -> list[dict[str, Any]]:
-    """The study's registered workers (name, host, status, last heartbeat), if any."""
+def _registry_reads(url: str, study: str) -> tuple[list[dict[str, Any]], dict[int, float]]:
+    """The study's registered workers (name, host, status, last heartbeat), and for each trial
+    with an attempt on record, the seconds since its latest attempt started (on the
+    registry's clock: Optuna's own start stamps come from the clock of whichever machine took
+    the trial)."""
     from sqlalchemy import create_engine, inspect
 
     from .control import registry_for
-    from .db import Registry, Worker
+    from .db import Registry, Worker, utcnow
 
     if is_server_url(url):
         client: Any = registry_for(url)       # the study server's control channel
         try:
-            return list(client.workers(study=study))
+            workers, attempts = list(client.workers(study=study)), client.attempts(study=study)
         finally:
             client.close()
-    engine = create_engine(database_url(url))
-    try:
-        if not inspect(engine).has_table(Worker.__tablename__):
-            return []
-    finally:
-        engine.dispose()
-    registry = Registry(url, create=False)
-    try:
-        return registry.workers(study)
-    finally:
-        registry.close()
+        now = utcnow()
+    else:
+        engine = create_engine(database_url(url))
+        try:
+            if not inspect(engine).has_table(Worker.__tablename__):
+                return [], {}
+        finally:
+            engine.dispose()
+        registry = Registry(url, create=False)
+        try:
+            workers, attempts = registry.workers(study), registry.attempts(study)
+            now = utcnow() + timedelta(seconds=registry.offset_s())
+        finally:
+            registry.close()
+    running: dict[int, float] = {}
+    for attempt in attempts:        # in the order recorded: the latest attempt last
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            started = datetime.fromisoformat(str(attempt["started_at"]))
+            running[int(attempt["trial_number"])] = max((now - started).total_seconds(), 0.0)
+    return workers, running
 
 
 def list_studies(storage: str, echo: Callable[[str], None] = print) -> int:
@@ -89,13 +102,16 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
     halted = stop_requested(study)
     if halted is not None:
         echo(f"{describe(halted)}; `autotune start study` resumes it")
+    workers, on_record = _registry_reads(storage, study_name)
     echo(f"{'trial':>5}  {'state':8}  {'outcome':10}  {'reason':14}  {'seconds':>9}  params")
     best = None
     for t in trials:
         outcome = t.user_attrs.get(record.OUTCOME, "")
         if t.state.name == "RUNNING":
-            started = t.datetime_start or now
-            value = f"{(now - started).total_seconds():.0f} s on"
+            seconds = on_record.get(t.number)
+            if seconds is None:     # no attempt on record: Optuna's stamp
+                seconds = (now - (t.datetime_start or now)).total_seconds()
+            value = f"{seconds:.0f} s on"
         else:
             elapsed = None if foreign else elapsed_of(t)
             value = "" if elapsed is None else f"{elapsed:.2f}"
@@ -109,7 +125,6 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
                           for k, v in shown.items())
         echo(f"{t.number:>5}  {t.state.name:8}  {outcome:10}  "
              f"{t.user_attrs.get(record.STOP_REASON, ''):14}  {value:>9}  {params}")
-    workers = _workers(storage, study_name)
     if workers:
         echo("workers:")
         for w in workers:

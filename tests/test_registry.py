@@ -6,6 +6,7 @@ import time
 from datetime import datetime, timedelta
 
 import optuna
+import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
@@ -329,29 +330,93 @@ def test_a_worker_whose_clock_runs_behind_is_not_given_up_while_it_beats(postgre
     registry.close()
 
 
-def test_optunas_local_trial_times_are_read_as_local_in_any_time_zone(tmp_path, monkeypatch):
-    # Optuna stamps a trial's start in the machine's local time; compared with UTC, a trial
-    # that had just started looked hours old west of UTC (and was swept as an orphan if its
-    # worker had not recorded it yet) and hours from starting east of it
-    from autotune.control import _sweep_orphans
+def take_trial(study, skew_s):
+    """A RUNNING trial as a worker whose clock is ``skew_s`` off this machine's takes it
+    (Optuna stamps its start with the taking machine's clock)."""
+    from optuna.trial import FrozenTrial, TrialState
 
-    monkeypatch.setenv("TZ", "Etc/GMT+5")       # UTC-5
-    time.tzset()
-    try:
-        url = f"sqlite:///{tmp_path / 'study.db'}"
-        study, trial = make_study(url)
-        registry = Registry(url)
-        assert _sweep_orphans(registry, study._storage, "s", 60.0) == []
-        assert study.trials[trial.number].state.name == "RUNNING"
-        registry.close()
-    finally:
-        monkeypatch.delenv("TZ")
-        time.tzset()
+    template = FrozenTrial(number=0, state=TrialState.RUNNING, value=None,
+                           datetime_start=datetime.now() + timedelta(seconds=skew_s),
+                           datetime_complete=None, params={}, distributions={}, user_attrs={},
+                           system_attrs={}, intermediate_values={}, trial_id=0)
+    return study._storage.create_new_trial(study._study_id, template_trial=template)
+
+
+@pytest.mark.parametrize("skew_s", [-300.0, 0.0, 300.0])
+def test_a_trial_nobody_recorded_is_swept_after_a_while_on_the_recoverers_clock(tmp_path,
+                                                                               skew_s):
+    # Optuna stamps a trial's start with the clock of the machine that took it. Judged on
+    # that stamp, a trial taken by a worker whose clock ran behind looked old and was swept
+    # as an orphan before its worker could record it (and was trained twice); one whose
+    # clock ran ahead stayed RUNNING that much longer if its worker died
+    from autotune import control
+
+    clock = [1000.0]
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    registry = Registry(url)
+    orphan_id, recorded_id = take_trial(study, skew_s), take_trial(study, skew_s)
+    number = {t._trial_id: t.number for t in study.trials}
+    registry.register("w", "s", "host", 1)
+    registry.attempt("s", number[recorded_id], 0, "w", status="running")
+
+    def sweep():
+        return control._sweep_orphans(registry, study._storage, "s", 60.0,
+                                      clock=lambda: clock[0])
+
+    assert sweep() == []                                 # first seen now
+    clock[0] += 59.0
+    assert sweep() == []
+    assert study.trials[number[orphan_id]].state.name == "RUNNING"
+    clock[0] += 2.0
+    assert sweep() == [number[orphan_id]]                # seen so for 61 s: queued afresh
+    assert study.trials[number[orphan_id]].state.name == "FAIL"
+    assert study.trials[number[recorded_id]].state.name == "RUNNING"
+    assert [t.state.name for t in study.trials[2:]] == ["WAITING"]
+    clock[0] += 1000.0
+    assert sweep() == []                                  # the recorded one, never
+    registry.close()
+
+
+def test_a_trial_left_running_long_ago_is_swept_at_once(tmp_path):
+    # a study resumed hours after its workers died: its orphans need no minute of watching
+    from autotune import control
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    registry = Registry(url)
+    old, new = take_trial(study, -2 * 3600.0), take_trial(study, -120.0)
+    number = {t._trial_id: t.number for t in study.trials}
+    assert control._sweep_orphans(registry, study._storage, "s", 60.0) == [number[old]]
+    assert study.trials[number[new]].state.name == "RUNNING"
+    registry.close()
+
+
+def test_status_counts_a_running_trials_seconds_from_its_attempt_on_record(tmp_path):
+    # a trial another machine took is stamped with that machine's clock: `autotune status`
+    # showed its skew as running time; its attempt on record (the registry's clock) tells
+    from autotune.status import show
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    elsewhere, here = take_trial(study, -7200.0), take_trial(study, 0.0)
+    number = {t._trial_id: t.number for t in study.trials}
+    registry = Registry(url)
+    registry.register("w", "s", "host", 1)
+    registry.attempt("s", number[elsewhere], 0, "w", status="running")
+    registry.close()
+    said: list[str] = []
+    show("s", url, said.append)
+    running = [line for line in said if " s on" in line]
+    assert [int(line.split()[0]) for line in running] == [number[elsewhere], number[here]]
+    for line in running:
+        seconds = float(line.split(" s on")[0].split()[-1])
+        assert 0 <= seconds < 60, line
 
 
 def test_status_counts_a_running_trials_seconds_in_any_time_zone(tmp_path, monkeypatch):
-    # `autotune status` read Optuna's local start time as UTC: west of UTC a trial that had
-    # just started showed as running for hours
+    # Optuna's start stamps are naive local times: `autotune status` once read them as UTC,
+    # and west of UTC a trial that had just started showed as running for hours
     from autotune.status import show
 
     monkeypatch.setenv("TZ", "Etc/GMT+5")       # UTC-5
