@@ -516,10 +516,19 @@ def without_credentials(url: str) -> str:
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@", r"\1", url)
 
 
+# A secret given as a URL's query parameter (libpq's and the MySQL drivers'
+# ``?password=``, a token): its value, up to the next parameter.
+_QUERY_SECRET = re.compile(r"(?P<head>[?&](?:ssl)?(?:password|passwd|pwd|passphrase|secret|"
+                           r"token|access_token|api_key|apikey)=)(?P<secret>[^&#\s]+)",
+                           re.IGNORECASE)
+
+
 def redact(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***``
-    (``postgresql://user:***@host/db``): what autotune prints, logs and records."""
-    return _PASSWORD.sub(lambda m: f"{m.group('head')}:***@", text)
+    (``postgresql://user:***@host/db``, ``...?password=***``): what autotune prints, logs and
+    records."""
+    text = _PASSWORD.sub(lambda m: f"{m.group('head')}:***@", text)
+    return _QUERY_SECRET.sub(lambda m: f"{m.group('head')}***", text)
 
 
 def _name_of(stem: str) -> str:

@@ -19,8 +19,32 @@ def test_redact_hides_every_urls_password_and_nothing_else():
     assert redact(f"cannot open postgresql+psycopg2://u:{SECRET}@h/d; retry") == \
         "cannot open postgresql+psycopg2://u:***@h/d; retry"
     for plain in ("sqlite:///autotune.db", "postgresql://bob@db/studies", "autotune://h:13000",
-                  "http://mlflow:5000"):
+                  "http://mlflow:5000", "postgresql://bob@/db?host=/var/run/postgresql",
+                  "mysql+pymysql://bob@db/studies?charset=utf8mb4&ssl_ca=/etc/ca.pem"):
         assert redact(plain) == plain
+
+
+def test_redact_hides_a_password_given_as_a_query_parameter():
+    # libpq and the MySQL drivers take ?password= as well: it was printed and stored as given
+    assert redact(f"postgresql://bob@db/studies?password={SECRET}") == \
+        "postgresql://bob@db/studies?password=***"
+    assert redact(f"postgresql://db/s?sslmode=require&PASSWORD={SECRET}&connect_timeout=5 x") \
+        == "postgresql://db/s?sslmode=require&PASSWORD=***&connect_timeout=5 x"
+    assert redact(f"mysql+pymysql://bob@db/s?passwd={SECRET}&charset=utf8mb4") == \
+        "mysql+pymysql://bob@db/s?passwd=***&charset=utf8mb4"
+    assert redact(f"postgresql://db/s?sslpassword={SECRET}") == "postgresql://db/s?sslpassword=***"
+
+
+@pytest.mark.postgres
+def test_a_query_parameter_password_stays_out_of_outputs_and_the_study(postgres, tmp_path):
+    plain = postgres.database()                       # trust authentication: any password
+    url = f"{plain}?password={SECRET}"
+    shown = run_cli("status", "--storage", url, cwd=tmp_path, timeout=120)
+    upgraded = run_cli("db", "upgrade", "--storage", url, cwd=tmp_path, timeout=120)
+    assert upgraded.returncode == 0, upgraded.stderr
+    for out in (shown.stdout, shown.stderr, upgraded.stdout, upgraded.stderr):
+        assert SECRET not in out, out
+    assert "?password=***" in upgraded.stdout, upgraded.stdout
 
 
 def test_a_password_written_with_an_at_sign_is_hidden_whole_and_told_how_to_write(
