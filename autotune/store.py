@@ -237,15 +237,15 @@ def open_storage(url: str, create: bool = True) -> Any:
                            file=None if path is None else str(path))
 
 
-# Optuna's JSON columns: MySQL's TEXT holds 64 KB, a trial's curve of about a thousand
-# evaluations (PostgreSQL's and SQLite's have no such limit)
+# Optuna's JSON columns: MySQL's TEXT holds 64 KB, a trial's curve of about 700 evaluations
+# (about 90 bytes each; PostgreSQL's and SQLite's have no such limit)
 _JSON_COLUMNS = ("trial_user_attributes", "trial_system_attributes", "study_user_attributes",
                  "study_system_attributes")
 
 
 def mysql_long_text(engine: Any) -> None:
     """On MySQL or MariaDB, widens Optuna's attribute columns from TEXT (64 KB: a trial with
-    more than about a thousand evaluations could not record its curve, and failed) to
+    more than about 700 evaluations could not record its curve, and failed) to
     MEDIUMTEXT (16 MB), once; where the user may not ALTER them, says the statements to run.
     Optuna reads and writes the wider column as it did the narrow one."""
     import sqlalchemy as sa
@@ -267,8 +267,8 @@ def mysql_long_text(engine: Any) -> None:
             for statement in statements:
                 conn.execute(sa.text(statement))
     except sa.exc.SQLAlchemyError as e:
-        log.warning("MySQL's TEXT columns hold 64 KB: a trial's curve of more than about a "
-                    "thousand evaluations cannot be recorded, and could not widen them (%s); "
+        log.warning("MySQL's TEXT columns hold 64 KB: a trial's curve of more than about "
+                    "700 evaluations cannot be recorded, and could not widen them (%s); "
                     "run as a user who may: %s", " ".join(str(e.orig if hasattr(e, "orig")
                                                               else e).split())[:160],
                     "; ".join(statements))

@@ -41,7 +41,7 @@ def test_on_mysql_too_the_registry_migrates_and_recovers_a_lost_trial(mysql):
 
 
 def test_on_mysql_a_long_curve_is_recorded(mysql):
-    # MySQL's TEXT holds 64 KB: a trial of about a thousand evaluations failed to record its
+    # MySQL's TEXT holds 64 KB: a trial of about 700 evaluations failed to record its
     # curve (Optuna: "exceeding max length"); opening the store widens Optuna's columns
     from autotune.store import open_storage
 
