@@ -13,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from . import record
+from . import __version__, record
 from ._console import Print
 from ._preflight import check_ranks, check_tracking_access, check_writable
 from .config import (
@@ -300,6 +300,12 @@ def check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
              f"{cfg.trainer.data['path']}; resuming with the tree there")
     if changes:
         echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
+    written = study.user_attrs.get(record.STUDY_VERSION)
+    if written != __version__:
+        if written is not None:
+            echo(f"study {cfg.study_name!r} was last started with autotune {written}; resuming "
+                 f"it with autotune {__version__} (workers that join need {__version__} too)")
+        study.set_user_attr(record.STUDY_VERSION, __version__)
     if stored != cfg.public_dict():
         # Workers that join take the latest start's settings: its budget, folders and
         # MLflow store, the tree where it lies now.

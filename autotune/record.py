@@ -24,7 +24,7 @@ __all__ = ["OUTCOME", "STOP_REASON", "DETAIL", "PARAMS", "CURVE", "ELAPSED", "BE
            "RESUME_ELAPSED", "INTERRUPTED_AT", "DOWNTIME", "RUN_KEY", "WARM_START",
            "SETUP_PHASES", "AUGMENT", "SETUP_S", "HOSTS", "TRAINER_PID", "RANKS_TRIAL",
            "LOST_WORKER", "LOST_RUN_KEY", "STUDY_CONFIG", "STUDY_SPACE", "STUDY_STOP",
-           "STUDY_UID", "RESUMED_REASONS",
+           "STUDY_UID", "STUDY_VERSION", "RESUMED_REASONS",
            "CurveRow", "curve_rows", "last_loss", "finished", "reached", "best_reached",
            "resumption", "stored_trial", "MODEL", "stale_models"]
 
@@ -63,6 +63,7 @@ LOST_RUN_KEY = "lost_run_key"        # ... and the lost trial's MLflow run key
 STUDY_CONFIG = "config"              # the study file as resolved (password redacted)
 STUDY_SPACE = "search_space"         # the search space, serialized: workers rebuild it
 STUDY_UID = "autotune_uid"           # the study's own id: its MLflow experiment and run folder
+STUDY_VERSION = "autotune_version"   # the autotune release that wrote the config: workers check
 STUDY_STOP = "stop_requested"        # `autotune stop study`: {"at", "now", "host"}; None: none
 
 # Trials that end so that another goes on in their place (a resumption): not counted.

@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from . import record
+from . import __version__, record
 from ._channel import is_server_url
 from ._config_checks import cadence_warning
 from ._console import Print, budget_left, finished, format_result, result_of, summarize
@@ -75,6 +75,7 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         if record.STUDY_CONFIG not in study.user_attrs:  # workers wait for it before joining
             study.set_user_attr(record.STUDY_UID, new_uid())
             study.set_user_attr(record.STUDY_SPACE, space.to_dict())
+            study.set_user_attr(record.STUDY_VERSION, __version__)
             study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
         uid = study_uid(study)
         folder = study_folder(Path(cfg.run_dir), cfg.study_name, uid)

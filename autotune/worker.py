@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 
-from . import record
+from . import __version__, record
 from ._channel import is_server_url
 from ._console import budget_left, format_result, quiet_libraries
 from ._preflight import check_ranks, check_tracking_access, check_writable
@@ -24,7 +24,7 @@ from ._study_folder import study_folder, study_uid
 from .config import StudyConfig, redact, resolve_tracking_uri, without_credentials
 from .control import WorkerSession, registry_for, worker_name
 from .decisions import TrialResult, systematic_failure
-from .errors import ConfigError, StudyFailing
+from .errors import ConfigError, SpaceError, StudyFailing
 from .modes import make_pruner, make_sampler
 from .programs import check_allowed
 from .space import SearchSpace
@@ -62,13 +62,36 @@ def _load(storage: Any, study_name: str, echo: Callable[[str], None] = print
         raise ConfigError(f"study {study_name!r} holds no autotune config after "
                           f"{CREATION_WAIT_S:.0f} s: it was not created by `autotune start "
                           "study`, or its creation was interrupted (run that command again)")
-    cfg = StudyConfig.from_dict(attrs[record.STUDY_CONFIG])
-    space = SearchSpace.from_dict(attrs[record.STUDY_SPACE])
+    cfg, space = _settings(study_name, attrs, echo)
     study = optuna.load_study(study_name=study_name, storage=storage,
                               # no seed: it draws its own; running trials keep workers apart
                               sampler=make_sampler(cfg, None),
                               pruner=make_pruner(cfg))
     return study, cfg, space
+
+
+def _settings(study_name: str, attrs: dict[str, Any], echo: Callable[[str], None]
+              ) -> tuple[StudyConfig, SearchSpace]:
+    """The study's stored config and search space, as the autotune release that wrote them
+    meant them: where it is another release than this worker's, that is said, and settings
+    this release cannot read are refused in one line naming the release to install."""
+    written = attrs.get(record.STUDY_VERSION)
+    other = written is not None and written != __version__
+    try:
+        settings = (StudyConfig.from_dict(attrs[record.STUDY_CONFIG]),
+                    SearchSpace.from_dict(attrs[record.STUDY_SPACE]))
+    except (ConfigError, SpaceError, KeyError, TypeError, ValueError) as e:
+        if not other:
+            raise
+        raise ConfigError(f"study {study_name!r} was started with autotune {written}, whose "
+                          f"settings this worker's autotune {__version__} cannot read ({e}); "
+                          f"install autotune {written} on this machine and start the worker "
+                          "again") from None
+    if other:
+        echo(f"study {study_name!r} was started with autotune {written} and this worker runs "
+             f"{__version__}: use one release on every machine, or its trials are judged by "
+             "different rules")
+    return settings
 
 
 def _tracking_credentials(cfg: StudyConfig) -> StudyConfig:
