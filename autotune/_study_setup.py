@@ -291,16 +291,19 @@ def check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
     moved = _moved_data(stored, cfg)
     if moved:
         changes = [c for c in changes if not c.startswith("trainer.data.path:")]
+    written = study.user_attrs.get(record.STUDY_VERSION)
     if changes and not accept:
-        raise ConfigError(f"study {cfg.study_name!r} exists and was started with another "
-                          f"config ({'; '.join(changes)}); pass --accept-changes to resume it "
-                          "with these, or set another study_name")
+        release = ("" if written in (None, __version__) else
+                   f" by autotune {written} (this is {__version__}: a setting it has that this "
+                   f"release lacks is a change; install {written} to resume it as it was)")
+        raise ConfigError(f"study {cfg.study_name!r} exists and was started{release} with "
+                          f"another config ({'; '.join(changes)}); pass --accept-changes to "
+                          "resume it with these, or set another study_name")
     if moved:
         echo(f"study {cfg.study_name!r}: its images moved from {moved} (no longer there) to "
              f"{cfg.trainer.data['path']}; resuming with the tree there")
     if changes:
         echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
-    written = study.user_attrs.get(record.STUDY_VERSION)
     if written != __version__:
         if written is not None:
             echo(f"study {cfg.study_name!r} was last started with autotune {written}; resuming "

@@ -88,3 +88,16 @@ def test_resuming_with_another_release_says_so_and_records_this_one(started):
     study = optuna.load_study(study_name="quickstart",
                               storage=f"sqlite:///{started / 'autotune.db'}")
     assert study.user_attrs[record.STUDY_VERSION] == __version__
+
+
+def test_resuming_a_newer_releases_study_names_that_release(started):
+    _rewrite(started, "9.1.0", early_stop={"patience": 3})
+    result = run_cli("start", "study", "quickstart", "--n-trials", "1", "--run-dir",
+                     str(started / "runs"), "--tracking-uri", str(started / "mlruns"),
+                     cwd=started, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "autotune: error: study 'quickstart' exists and was started by autotune 9.1.0 (this is "
+        f"{__version__}: a setting it has that this release lacks is a change; install 9.1.0 "
+        "to resume it as it was) with another config (early_stop: {'patience': 3} -> None); "
+        "pass --accept-changes to resume it with these, or set another study_name")
