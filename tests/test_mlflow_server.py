@@ -25,6 +25,7 @@ def _wait_for(path: Path, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_a_study_survives_mlflow_going_down_and_loses_no_record(mlflow_server, tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study_proc = Background(

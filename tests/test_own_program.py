@@ -135,6 +135,7 @@ def space(world_size):
 '''
 
 
+@pytest.mark.slow
 def test_a_script_that_exits_silently_reports_garbage_or_crashes_fails_its_trial_only(
         tmp_path):
     (tmp_path / "train.py").write_text(MISBEHAVING)

@@ -62,19 +62,23 @@ def test_a_worker_that_cannot_read_a_newer_releases_settings_names_the_release(s
         "9.1.0 on this machine and start the worker again")
 
 
-def test_a_worker_of_another_release_that_can_read_the_settings_joins_and_says_so(started):
+def _attrs(folder: Path) -> dict:
+    return optuna.load_study(study_name="quickstart",
+                             storage=f"sqlite:///{folder / 'autotune.db'}").user_attrs
+
+
+def test_a_worker_of_another_release_that_can_read_the_settings_says_so(started):
+    from autotune.worker import _settings
+
+    said: list[str] = []
+    cfg, space = _settings("quickstart", _attrs(started), said.append)
+    assert cfg.study_name == "quickstart" and space.items and said == []  # same release
     _rewrite(started, "0.0.9")
-    result = _worker(started)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert (f"study 'quickstart' was started with autotune 0.0.9 and this worker runs "
-            f"{__version__}: use one release on every machine, or its trials are judged by "
-            "different rules") in result.stdout
-
-
-def test_the_same_release_says_nothing_of_releases(started):
-    result = _worker(started)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "release" not in result.stdout + result.stderr
+    cfg, _ = _settings("quickstart", _attrs(started), said.append)
+    assert cfg.study_name == "quickstart"
+    assert said == [f"study 'quickstart' was started with autotune 0.0.9 and this worker runs "
+                    f"{__version__}: use one release on every machine, or its trials are "
+                    "judged by different rules"]
 
 
 def test_resuming_with_another_release_says_so_and_records_this_one(started):
@@ -91,13 +95,18 @@ def test_resuming_with_another_release_says_so_and_records_this_one(started):
 
 
 def test_resuming_a_newer_releases_study_names_that_release(started):
+    from autotune._study_setup import check_resumed_config
+    from autotune.errors import ConfigError
+
     _rewrite(started, "9.1.0", early_stop={"patience": 3})
-    result = run_cli("start", "study", "quickstart", "--n-trials", "1", "--run-dir",
-                     str(started / "runs"), "--tracking-uri", str(started / "mlruns"),
-                     cwd=started, timeout=300)
-    assert result.returncode == 2
-    assert result.stderr.strip() == (
-        "autotune: error: study 'quickstart' exists and was started by autotune 9.1.0 (this is "
+    study = optuna.load_study(study_name="quickstart",
+                              storage=f"sqlite:///{started / 'autotune.db'}")
+    cfg = config.StudyConfig.from_dict({k: v for k, v in _attrs(started)["config"].items()
+                                        if k != "early_stop"})
+    with pytest.raises(ConfigError) as raised:
+        check_resumed_config(cfg, study, False, print)
+    assert str(raised.value) == (
+        "study 'quickstart' exists and was started by autotune 9.1.0 (this is "
         f"{__version__}: a setting it has that this release lacks is a change; install 9.1.0 "
         "to resume it as it was) with another config (early_stop: {'patience': 3} -> None); "
         "pass --accept-changes to resume it with these, or set another study_name")

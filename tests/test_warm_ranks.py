@@ -66,6 +66,7 @@ def test_a_workers_trials_run_in_the_same_warm_ranks_which_leave_when_it_closes(
     assert not _alive(launcher)
 
 
+@pytest.mark.slow
 def test_warm_ranks_that_died_between_trials_are_replaced_by_a_fresh_launch(tmp_path):
     runner, study = _runner(tmp_path)
     with runner:
