@@ -39,6 +39,9 @@ def _start_study(args: argparse.Namespace) -> int:
                  "warm_start": False if args.no_warm_start else None,
                  "oversubscribe": True if args.oversubscribe else None}
     cfg = config.load(args.config, overrides)
+    if args.tracking_uri is None and cfg.tracking_uri == config.tracking_uri_from_env():
+        print(f"recording to MLflow at {config.redact(cfg.tracking_uri)}, from "
+              f"{config.TRACKING_ENV} (--tracking-uri records elsewhere)", flush=True)
     signal.signal(signal.SIGTERM, _on_sigterm)
     return study.run_study(cfg, accept_changes=args.accept_changes)
 
@@ -110,15 +113,19 @@ def _ui(args: argparse.Namespace) -> int:
         print(f"autotune: warning: the MLflow UI has no authentication; anyone who reaches "
               f"{args.host}:{args.port} can read and change this study's records",
               file=sys.stderr)
-    return serve(args.tracking_uri, args.study, args.host, args.port)
+    from .config import tracking_uri_from_env
+
+    return serve(args.tracking_uri or tracking_uri_from_env() or "mlruns", args.study,
+                 args.host, args.port)
 
 
 def _add_ui(sub: Any) -> None:
     p = sub.add_parser("ui", help="open the MLflow UI on a study's records",
                        description="Start the MLflow UI on the study's store and print the "
                                    "page of the study's runs.")
-    p.add_argument("--tracking-uri", default="mlruns",
-                   help="MLflow tracking URI or local store directory (default ./mlruns)")
+    p.add_argument("--tracking-uri",
+                   help="MLflow tracking URI or local store directory (default "
+                        "$MLFLOW_TRACKING_URI where set, else ./mlruns)")
     p.add_argument("--study", help="study name (default: the only study in the store)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000)")
@@ -361,7 +368,8 @@ def _add_start_study(sub: Any) -> None:
                    help="training seconds per trial at most")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///autotune.db)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI or a local store directory "
-                                          "(default ./mlruns)")
+                                          "(default: the study file's, else "
+                                          "$MLFLOW_TRACKING_URI where set, else ./mlruns)")
     p.add_argument("--workers", type=int, help="local workers, one trial at a time each")
     p.add_argument("--ranks", type=int, help="DeepSpeed ranks per trial")
     p.add_argument("--study-name", help="study name; an existing study is resumed")

@@ -363,13 +363,16 @@ FLAGS = {"budget.n_trials": "--n-trials", "budget.timeout_s": "--timeout",
          "run_dir": "--run-dir", "warm_start": "--no-warm-start",
          "oversubscribe": "--oversubscribe"}
 
-def _validate(cfg: StudyConfig, flagged: set[str]) -> None:
+def _validate(cfg: StudyConfig, flagged: set[str], from_env: dict[str, str]) -> None:
+    """The first problem of ``cfg``, named by the flag, environment variable or study-file
+    key that set it."""
     from ._config_checks import problems as config_problems
 
     problems = config_problems(cfg)
     if problems:
         key, message = problems[0]
-        where = FLAGS[key] if key in flagged else f"{cfg.source}: {key}"
+        where = (FLAGS[key] if key in flagged else from_env[key] if key in from_env
+                 else f"{cfg.source}: {key}")
         raise ConfigError(f"{where} {message}")
 
 
@@ -481,10 +484,25 @@ def load(source: str, overrides: dict[str, Any] | None = None) -> StudyConfig:
             data[key] = value
     if "search_space" not in data:
         data["search_space"] = default_space(data.get("trainer"))
+    env = tracking_uri_from_env()
+    from_env = {"tracking_uri": TRACKING_ENV} if "tracking_uri" not in data and env else {}
+    if from_env:                     # neither the file nor a flag names one: MLflow's own
+        data["tracking_uri"] = env
     cfg = _build(StudyConfig, data, where)
     cfg = dataclasses.replace(cfg, source=where, base_dir=str(base))
-    _validate(cfg, flagged)
+    _validate(cfg, flagged, from_env)
     return _with_program(cfg)
+
+
+TRACKING_ENV = "MLFLOW_TRACKING_URI"
+
+
+def tracking_uri_from_env() -> str | None:
+    """MLflow's own default tracking URI (``MLFLOW_TRACKING_URI``), where set: a study whose
+    file and flags name none records there, as MLflow's clients do."""
+    import os
+
+    return os.environ.get(TRACKING_ENV, "").strip() or None
 
 
 def _with_program(cfg: StudyConfig) -> StudyConfig:

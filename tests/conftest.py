@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# A study that names no MLflow store records where MLFLOW_TRACKING_URI says: the tests say
+# where each records, whatever the shell that runs them exports.
+os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:

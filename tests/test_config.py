@@ -458,3 +458,33 @@ def test_ranks_that_share_a_core_on_purpose_are_said_and_never_unasked(tmp_path)
         "core(s)" in said[0] and "or --oversubscribe" in said[0]
     assert "2 ranks share this machine's 1 CPU core(s) (oversubscribe)" in said[1] and \
         "refused" not in said[1]
+
+
+def test_a_study_that_names_no_mlflow_store_records_where_mlflows_own_variable_says(
+        tmp_path, monkeypatch):
+    # MLflow's clients, Optuna's MLflowCallback and Ray Tune record where MLFLOW_TRACKING_URI
+    # says; autotune recorded to ./mlruns instead, and a team's server never saw the study
+    from autotune import config as cfgs
+
+    (tmp_path / "named.yaml").write_text(f"tracking_uri: {tmp_path / 'own'}\n")
+    (tmp_path / "plain.yaml").write_text("budget: {n_trials: 3}\n")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.corp:5000")
+    assert cfgs.load(str(tmp_path / "plain.yaml")).tracking_uri == "http://mlflow.corp:5000"
+    assert cfgs.load("quickstart").tracking_uri == "http://mlflow.corp:5000"
+    assert cfgs.load(str(tmp_path / "named.yaml")).tracking_uri == str(tmp_path / "own")
+    assert cfgs.load("quickstart", {"tracking_uri": "mine"}).tracking_uri == "mine"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "  ")
+    assert cfgs.load("quickstart").tracking_uri == "mlruns"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert cfgs.load("quickstart").tracking_uri == "mlruns"
+
+
+def test_a_bad_mlflow_tracking_uri_variable_is_named_as_the_variable(tmp_path, monkeypatch):
+    from autotune import config as cfgs
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path / 'mlruns'}")
+    with pytest.raises(ConfigError) as raised:
+        cfgs.load("quickstart")
+    assert str(raised.value).startswith(f"MLFLOW_TRACKING_URI file://{tmp_path / 'mlruns'} is "
+                                        "MLflow's file store"), raised.value
