@@ -304,6 +304,11 @@ def check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,
              f"{cfg.trainer.data['path']}; resuming with the tree there")
     if changes:
         echo(f"resuming study {cfg.study_name!r} with changes: {'; '.join(changes)}")
+    before, now = stored.get("tracking_uri"), redact(cfg.tracking_uri)
+    if isinstance(before, str) and before and before != now:
+        echo(f"study {cfg.study_name!r} recorded to MLflow at {before} until now; this run "
+             f"records to {now} (give that store as --tracking-uri to keep its records in "
+             "one place)")
     if written != __version__:
         if written is not None:
             echo(f"study {cfg.study_name!r} was last started with autotune {written}; resuming "

@@ -248,6 +248,28 @@ def test_resuming_a_study_with_a_changed_file_is_refused_before_anything_is_writ
         "config"]["target"]["value"] == 0.97
 
 
+def test_resuming_a_study_to_another_mlflow_store_says_where_its_records_were(workdir):
+    # the tracking URI may change on a resume (MLflow moved), but a shell without the
+    # MLFLOW_TRACKING_URI the study started with split its records in silence
+    import optuna
+
+    from autotune import _study_setup
+
+    first = _study_setup.prepare(config.load("quickstart", {"tracking_uri": "team"}))[0]
+    study = optuna.create_study(study_name="quickstart", storage="sqlite:///autotune.db")
+    study.set_user_attr("config", first.public_dict())
+    said: list[str] = []
+    again = _study_setup.prepare(config.load("quickstart", {"tracking_uri": "team"}))[0]
+    _study_setup.check_resumed_config(again, study, False, said.append)
+    assert not [line for line in said if "MLflow" in line]
+    moved = _study_setup.prepare(config.load("quickstart"))[0]
+    _study_setup.check_resumed_config(moved, study, False, said.append)
+    assert [line for line in said if "MLflow" in line] == [
+        f"study 'quickstart' recorded to MLflow at {workdir / 'team'} until now; this run "
+        f"records to {workdir / 'mlruns'} (give that store as --tracking-uri to keep its "
+        "records in one place)"]
+
+
 @pytest.mark.parametrize("argv", [
     ["status", "nosuch"],
     ["status", "nosuch", "--storage", "sqlite:///elsewhere.db"],
