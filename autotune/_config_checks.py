@@ -212,6 +212,11 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
               f"{cfg.trainer.model} has no residual blocks to zero-initialize: set it false")
     storage = storage_url_problem(cfg.storage)
     check(storage is None, "storage", str(storage))
+    hosted = re.match(r"^(databricks|databricks-uc|uc)(:|$)", cfg.tracking_uri.strip(), re.I)
+    check(hosted is None, "tracking_uri",
+          f"{cfg.tracking_uri} is Databricks' hosted MLflow, which autotune does not record to "
+          "(its experiments are workspace paths, and autotune names each after its study); "
+          "give http(s)://HOST:PORT of an `mlflow server`, a database URL or a local folder")
     if cfg.tracking_uri.lower().startswith("file:") and os.environ.get(
             "MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
         # MLflow 3 refuses its file store: every record would wait in the outbox for good

@@ -88,12 +88,44 @@ def access_advice(status: int,
             "user who has it")
 
 
+_WHERE_MLFLOW_RECORDS = ("give http(s)://HOST:PORT (where `mlflow server` listens), a database "
+                         "URL (sqlite:///PATH, postgresql://USER@HOST/DB, mysql://...) or a "
+                         "local folder")
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """What makes ``uri`` (a resolved tracking URI) one MLflow cannot record to, or None;
+    the schemes are MLflow's own registry's (plugins included)."""
+    from urllib.parse import urlparse
+
+    scheme = uri.split(":", 1)[0].lower() if re.match(r"^[a-z][a-z0-9+.-]*:", uri, re.I) \
+        else ""
+    if scheme in ("http", "https"):
+        return None if urlparse(uri).hostname else f"names no host; {_WHERE_MLFLOW_RECORDS}"
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    except ImportError:            # another MLflow's internals: its own first write says
+        return None
+    try:
+        _tracking_store_registry.get_store_builder(uri)
+    except Exception:  # noqa: BLE001 - MLflow's "unsupported URI": no store for the scheme
+        return f"is not a store MLflow records to ({scheme}://); {_WHERE_MLFLOW_RECORDS}"
+    return None
+
+
 def check_tracking_access(uri: str, key: str = "tracking_uri") -> None:
     """A one-line error where the MLflow tracking server at ``uri`` refuses this client (401
     or 403), or where a web server that is not MLflow's answers there (404): its records would
     wait for good, not for an outage. One request, no retry; a server that does not answer
     is left to the records' delivery, which waits for it (MLflow down for a minute is a fault
-    a study survives). Only http(s) servers are asked."""
+    a study survives). Only http(s) servers are asked; a URI MLflow
+    cannot record to at all (a scheme it has no store for, an http URL without a host) is
+    refused first."""
+    problem = tracking_uri_problem(uri)
+    if problem:
+        from .config import redact
+
+        raise ConfigError(f"{key} {redact(uri)} {problem}")
     if not re.match(r"^https?://", uri, re.IGNORECASE):
         return
     from mlflow.utils.credentials import get_default_host_creds

@@ -129,7 +129,12 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) 
 def serve(tracking_uri: str, study: str | None, host: str, port: int,
           echo: Callable[[str], None] = print) -> int:
     """Starts the MLflow UI and prints the study's page; runs until interrupted."""
+    from ._preflight import tracking_uri_problem
+
     uri, _ = resolve_tracking_uri(tracking_uri)
+    problem = None if uri.startswith(("http://", "https://")) else tracking_uri_problem(uri)
+    if problem:
+        raise ConfigError(f"--tracking-uri {redact(tracking_uri)} {problem}")
     if uri.startswith(("http://", "https://")):
         _require_answer(uri)
         page = without_credentials(uri)       # the browser asks for them

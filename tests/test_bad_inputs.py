@@ -362,6 +362,13 @@ FLAGS = {
     "tracking-uri MLflow's file store": (["--tracking-uri", "file:./mlr"],
                                          "--tracking-uri file:./mlr is MLflow's file store, "
                                          "which MLflow 3"),
+    "tracking-uri of a scheme MLflow has no store for": (
+        ["--tracking-uri", "ftp://x"], "tracking_uri ftp://x is not a store MLflow records to "
+                                       "(ftp://); give http(s)://HOST:PORT"),
+    "tracking-uri without a host": (["--tracking-uri", "http://:5000"],
+                                    "tracking_uri http://:5000 names no host; give"),
+    "tracking-uri on Databricks": (["--tracking-uri", "databricks"],
+                                   "--tracking-uri databricks is Databricks' hosted MLflow"),
     "run-dir in /proc": (["--run-dir", "/proc/x/runs"], "cannot be written"),
     "seed huge is fine but n-trials text": (["--n-trials", "0", "--seed", "3"],
                                             "--n-trials must be"),
@@ -431,6 +438,9 @@ VERBS = {
                                    "--world-size must be at least 1"),
     "ui on a port too high": (["ui", "--port", "70000"], "is not a port; use 1 to 65535"),
     "ui on a store that is not there": (["ui", "--tracking-uri", "nostore"], "nostore"),
+    "ui on a scheme MLflow has no store for": (["ui", "--tracking-uri", "s3://b/x"],
+                                               "--tracking-uri s3://b/x is not a store MLflow "
+                                               "records to (s3://)"),
     "ui on a tracking server that is down": (["ui", "--tracking-uri", "http://127.0.0.1:1"],
                                              "the MLflow server at http://127.0.0.1:1 does "
                                              "not answer"),
