@@ -10,11 +10,17 @@ import math
 
 from autotune import Categorical, Constraint, Float, Int, PowerOfTwo, SearchSpace
 
+TRAIN_IMAGES = 1437   # the digits' training split
+
 
 def _batch(world_size: int) -> PowerOfTwo | Categorical:
-    if world_size & (world_size - 1) == 0:  # a power of two: search log2 of the batch
-        return PowerOfTwo("global_batch", max(16, world_size), max(512, world_size))
-    multiples = [world_size * k for k in (1, 2, 4, 8, 16, 32) if world_size * k <= 1437]
+    if world_size > TRAIN_IMAGES:
+        raise ValueError(f"the digits' {TRAIN_IMAGES} training images cannot give each of "
+                         f"{world_size} ranks an image a step; run the quickstart on at most "
+                         f"{TRAIN_IMAGES} ranks")
+    if world_size & (world_size - 1) == 0 and world_size < 512:  # search log2 of the batch
+        return PowerOfTwo("global_batch", max(16, world_size), 512)
+    multiples = [world_size * k for k in (1, 2, 4, 8, 16, 32) if world_size * k <= TRAIN_IMAGES]
     return Categorical("global_batch", multiples)
 
 

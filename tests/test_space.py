@@ -293,3 +293,25 @@ def test_status_lists_a_queued_configuration_with_its_values(tmp_path, monkeypat
     queued = [line for line in capsys.readouterr().out.splitlines() if "WAITING" in line]
     assert queued == [f"{0:>5}  WAITING   {'':10}  {'':14}  {'':>9}  global_batch=64 "
                       "lr_per_256=0.05"]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 6, 256, 512, 1024, 1437])
+def test_the_quickstart_space_builds_for_any_number_of_ranks_its_images_can_feed(world_size):
+    # 512 and 1024 ranks (a power of two at the batch's upper end) made an empty range
+    # ("low (512) must be below high (512)"), 1,438 and more an empty list (min() of nothing)
+    from autotune.space import load_space
+
+    space = load_space("quickstart", world_size=world_size)
+    batch = next(p for p in space.params if p.name == "global_batch")
+    assert all(b % world_size == 0 and b <= 1437 for b in batch.values())
+    assert space.warm_starts[0]["global_batch"] in batch.values()
+
+
+def test_the_quickstart_space_says_how_many_ranks_its_images_feed():
+    from autotune.errors import SpaceError
+    from autotune.space import load_space
+
+    with pytest.raises(SpaceError, match="the digits' 1437 training images cannot give each "
+                                         "of 1438 ranks an image a step; run the quickstart "
+                                         "on at most 1437 ranks"):
+        load_space("quickstart", world_size=1438)
