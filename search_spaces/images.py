@@ -44,10 +44,6 @@ Batch = PowerOfTwo | Categorical | Fixed
 
 
 def _batch(world_size: int, train_images: int) -> Batch:
-    if world_size > train_images:
-        raise ValueError(f"{train_images} training images cannot give each of {world_size} "
-                         f"ranks an image a step; run on at most {train_images} ranks "
-                         "(ranks_per_trial), or train on more images")
     top = max(min(1024, train_images // MIN_STEPS), 1)
     if world_size & (world_size - 1) == 0:   # a power of two: search log2 of the batch
         low = max(16, world_size)

@@ -315,16 +315,3 @@ def test_the_quickstart_space_says_how_many_ranks_its_images_feed():
                                          "of 1438 ranks an image a step; run the quickstart "
                                          "on at most 1437 ranks"):
         load_space("quickstart", world_size=1438)
-
-
-def test_the_images_space_says_how_many_ranks_a_small_tree_can_feed():
-    # 32 ranks on a 20-image tree were refused as the space's own warm start "exceeding the
-    # 20 training images", which the user never wrote
-    from autotune.errors import SpaceError
-    from autotune.space import DataInfo, load_space
-
-    data = DataInfo(train_images=20, num_classes=2, image_size=20)
-    assert load_space("images", world_size=20, data=data).warm_starts
-    with pytest.raises(SpaceError, match="20 training images cannot give each of 21 ranks an "
-                                         "image a step; run on at most 20 ranks"):
-        load_space("images", world_size=21, data=data)
