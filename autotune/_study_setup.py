@@ -34,6 +34,10 @@ __all__ = ["check_experiment", "check_resumed_config", "checked_space", "prepare
 
 
 def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:
+    if cfg.ranks_per_trial > train_size:    # no configuration trains: not the warm start's
+        raise ConfigError(f"ranks_per_trial {cfg.ranks_per_trial}: the {train_size} training "
+                          f"images cannot give each rank an image a step; run on at most "
+                          f"{train_size} ranks, or train on more images")
     hardware = Hardware(world_size=cfg.ranks_per_trial, device=cfg.device,
                         max_micro_batch=cfg.trainer.max_micro_batch)
     for point in space.warm_starts:

@@ -241,6 +241,10 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
     trainer = {**_trainer_defaults(), **trainer}   # one place for the defaults: TrainerConfig
     p = _params(sampled, trainer.get("params") or ())
     batch = int(p["global_batch"])
+    if hardware.world_size > train_size:
+        raise PlanError(f"the {train_size} training images cannot give each of "
+                        f"{hardware.world_size} ranks an image a step; run on at most "
+                        f"{train_size} ranks (ranks_per_trial), or train on more images")
     micro, accum = split_batch(batch, hardware.world_size, hardware.max_micro_batch)
     if batch > train_size:
         raise PlanError(f"global batch {batch} exceeds the {train_size} training images")

@@ -103,6 +103,26 @@ def test_plan_rejects_a_batch_larger_than_the_data():
         plan_for(global_batch=2048)
 
 
+def test_more_ranks_than_images_is_said_as_such_for_any_space(tmp_path):
+    # 32 ranks on a 20-image tree were refused as "warm start {...} of space 'images': global
+    # batch 32 exceeds the 20 training images", a warm start the user never wrote
+    from autotune import config
+    from autotune._study_setup import _check_warm_starts
+    from autotune.errors import ConfigError
+    from autotune.space import load_space
+
+    with pytest.raises(PlanError, match="the 20 training images cannot give each of 21 ranks "
+                                        "an image a step; run on at most 20 ranks"):
+        resolve({"global_batch": 21, "lr_per_256": 0.1, "epochs": 2}, trainer=TRAINER,
+                train_size=20, hardware=Hardware(world_size=21), target=TARGET, max_seconds=1)
+    cfg = config.load("quickstart", {"ranks_per_trial": 32, "oversubscribe": True})
+    with pytest.raises(ConfigError) as raised:
+        _check_warm_starts(load_space("quickstart", world_size=32), cfg, 20)
+    assert str(raised.value) == ("ranks_per_trial 32: the 20 training images cannot give each "
+                                 "rank an image a step; run on at most 20 ranks, or train on "
+                                 "more images")
+
+
 SCHED = {"warmup_steps": 4, "total_steps": 20, "warmup_start_factor": 0.0, "decay": "cosine"}
 
 
