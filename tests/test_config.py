@@ -510,3 +510,16 @@ def test_a_bad_mlflow_tracking_uri_variable_is_named_as_the_variable(tmp_path, m
         cfgs.load("quickstart")
     assert str(raised.value).startswith(f"MLFLOW_TRACKING_URI file://{tmp_path / 'mlruns'} is "
                                         "MLflow's file store"), raised.value
+
+
+@pytest.mark.parametrize("uri, problem", [
+    ("postgresql+psycopg2://u@h/db", None), ("mysql+pymysql://u@h/db", None),
+    ("sqlite:////tmp/x/mlflow.db", None), ("http://h:5000", None), ("HTTPS://H", None),
+    ("gs://bucket/runs", "is not a store MLflow records to (gs://)"),
+    ("http:///path", "names no host"),
+])
+def test_tracking_uris_are_judged_by_mlflows_own_store_registry(uri, problem):
+    from autotune._preflight import tracking_uri_problem
+
+    found = tracking_uri_problem(uri)
+    assert found is None if problem is None else found.startswith(problem), found
