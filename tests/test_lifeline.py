@@ -134,7 +134,7 @@ def _trainers_under(folder: Path) -> list[list[str]]:
 @pytest.mark.parametrize("signals", [
     [signal.SIGINT],
     pytest.param([signal.SIGTERM], marks=pytest.mark.slow),   # Ctrl-C's path, another code
-    [signal.SIGINT, signal.SIGINT]])
+    pytest.param([signal.SIGINT, signal.SIGINT], marks=pytest.mark.slow)])   # Ctrl-C twice
 def test_ctrl_c_or_sigterm_to_start_study_ends_its_trial_and_leaves_nothing_running(
         tmp_path, signals):
     """`autotune start study` stopped by Ctrl-C (SIGINT) or a SIGTERM while a trial trains:

@@ -61,6 +61,7 @@ def test_the_squared_norm_spans_every_tensor():
     assert squared_norm([]) == 0.0
 
 
+@pytest.mark.slow
 def test_a_two_rank_trial_reports_its_image_sizes_and_noise_scale_at_each_evaluation(tmp_path):
     from ._drive import drive, make_plan
 

@@ -106,6 +106,7 @@ client.create_experiment(sys.argv[3])
 """
 
 
+@pytest.mark.slow
 def test_processes_that_open_a_new_local_store_at_once_all_get_it_whole(tmp_path):
     # MLflow makes an SQLite store's schema on first use; unguarded, processes that start
     # together (a study and its workers) fail or leave the store half-migrated for good.

@@ -136,6 +136,7 @@ def test_only_the_fastest_saved_model_is_kept():
     assert record.stale_models([*trials, failed]) == record.stale_models(trials)
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_be_saved_leaves_the_trials_result_as_it_is(tmp_path):
     (tmp_path / "full").write_text("a file where the model's folder would go")
     plan = make_plan(target=0.01, epochs=1)
