@@ -50,12 +50,12 @@ def _registry_reads(url: str, study: str) -> tuple[list[dict[str, Any]], dict[in
             now = utcnow() + timedelta(seconds=registry.offset_s())
         finally:
             registry.close()
-    running: dict[int, float] = {}
+    since: dict[int, float] = {}
     for attempt in attempts:        # in the order recorded: the latest attempt last
         with contextlib.suppress(KeyError, TypeError, ValueError):
             started = datetime.fromisoformat(str(attempt["started_at"]))
-            running[int(attempt["trial_number"])] = max((now - started).total_seconds(), 0.0)
-    return workers, running
+            since[int(attempt["trial_number"])] = max((now - started).total_seconds(), 0.0)
+    return workers, since
 
 
 def list_studies(storage: str, echo: Callable[[str], None] = print) -> int:
