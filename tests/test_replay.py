@@ -59,6 +59,22 @@ def test_an_opda_file_becomes_a_table_of_runs(tmp_path):
                         "momentum": 0.9, "weight_decay": 5e-5, "label_smoothing": 0.1}) is fast
 
 
+def test_an_opda_table_with_no_weight_decay_in_some_runs_is_searched_on_a_linear_scale(
+        tmp_path):
+    """Weight decay 0 (none) is a value runs are recorded with; opda's log scale cannot hold
+    it, so the range turns linear, and the note says so (not a log range silently lost)."""
+    path = _opda_file(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["weight_decay"] = 0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = load_table(f"opda:{path}", 0.70)
+    assert not table.space["weight_decay"].log and table.space["lr"].log
+    assert any(n.startswith("weight_decay is 0 in 1 run: searched on a linear scale")
+               for n in table.notes)
+    assert not any("linear scale" in n for n in load_table(
+        f"opda:{_opda_file(tmp_path)}", 0.70).notes)
+
+
 def test_a_table_path_in_the_home_folder_or_missing_or_a_folder_is_read_or_named(
         tmp_path, monkeypatch):
     """`--table opda:~/curves.jsonl`: the shell leaves a `~` after `opda:` as it is, so the
@@ -112,6 +128,12 @@ def test_an_opda_table_counting_epochs_from_one_is_read_as_epochs_done(tmp_path)
      "entry 1: time is 0; .* a positive number"),
     ('{"epochs": 3, "learning_curve": [{"time": 1764900000.0, "top_1": 0.5}]}\n',
      "entry 1 is at 1.765e.09 s .* a clock's timestamp, not the seconds since the run began"),
+    ('{"epochs": 3, "lr": -0.1, "learning_curve": []}\n',
+     "lr is -0.1; a learning rate is a positive number"),
+    ('{"epochs": 3, "weight_decay": -1e-05, "learning_curve": []}\n',
+     "weight_decay is -1e-05; weight decay is 0 .none. or a positive number"),
+    ('{"epochs": 30, "lr_peak_epoch": 500, "learning_curve": []}\n',
+     "lr_peak_epoch is 500, beyond the run's 30 epochs"),
     ("", "holds no runs"),
 ])
 def test_a_broken_opda_file_is_refused_with_what_is_wrong(tmp_path, content, message):

@@ -192,6 +192,14 @@ OPDA_SPACE: dict[str, BaseDistribution] = {
 }
 _OPDA_PARAMS = ("batch_size", "lr", "lr_peak_epoch", "momentum", "weight_decay",
                 "label_smoothing")
+# What opda's own hyperparameters may be, as a recorded run holds them
+_OPDA_RANGES = {
+    "lr": "a learning rate is a positive number",
+    "momentum": "momentum is a number from 0 (none) up",
+    "weight_decay": "weight decay is 0 (none) or a positive number",
+    "label_smoothing": "label smoothing is a share from 0 (none) up",
+    "lr_peak_epoch": "the warm-up's peak is an epoch from 0 (no warm-up) to the run's epochs",
+}
 # A schedule's length, and where each evaluation sits in it: opda's image tables count epochs
 # (an entry's ``epoch`` 0-indexed), its language-model tables steps (``total_steps``; an
 # entry's ``step``, the updates done).
@@ -455,6 +463,14 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
             if value is None:
                 raise TableError(f"{path}, line {number}: {name} must be a number, not "
                                  f"{_shown(row[name])}")
+            if value < 0 or (name == "lr" and value == 0):
+                raise TableError(f"{path}, line {number}: {name} is {value:g}; "
+                                 f"{_OPDA_RANGES.get(name, 'it cannot be negative')}")
+        peak, planned = _number(row.get("lr_peak_epoch")), _number(row.get(length))
+        if length == "epochs" and peak is not None and planned and peak > planned:
+            raise TableError(f"{path}, line {number}: lr_peak_epoch is {peak:g}, beyond the "
+                             f"run's {planned:g} epochs; the warm-up peaks within the schedule "
+                             "(0 to epochs)")
     held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)]
     extras, notes = _opda_extras(rows, length)
     # the warm-up's end as a share of the schedule where both count epochs; a step table's
@@ -477,6 +493,11 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
     names = [n for n in names if n not in fixed]
     points = [{n: p[n] for n in names} for p in points]
     space = _opda_space(points, names)
+    zeros = {n: sum(p[n] <= 0 for p in points) for n, d in space.items()
+             if isinstance(d, FloatDistribution | IntDistribution) and not d.log
+             and getattr(OPDA_SPACE.get(n), "log", False)}
+    notes += [f"{n} is 0 in {k} run{'s' * (k != 1)}: searched on a linear scale (a log scale "
+              "needs positive values)" for n, k in zeros.items()]
     notes += [f"{k} is not in every run: searched without it"
               for k in {k: None for row in rows for k in row}
               if k not in held and k.lower() not in _OPDA_OTHER
