@@ -39,7 +39,7 @@ def _start_study(args: argparse.Namespace) -> int:
                  "warm_start": False if args.no_warm_start else None,
                  "oversubscribe": True if args.oversubscribe else None}
     cfg = config.load(args.config, overrides)
-    if args.tracking_uri is None and cfg.tracking_uri == config.tracking_uri_from_env():
+    if config.tracking_from_env(args.config, args.tracking_uri):
         print(f"recording to MLflow at {config.redact(cfg.tracking_uri)}, from "
               f"{config.TRACKING_ENV} (--tracking-uri records elsewhere)", flush=True)
     signal.signal(signal.SIGTERM, _on_sigterm)

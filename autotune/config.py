@@ -505,6 +505,14 @@ def tracking_uri_from_env() -> str | None:
     return os.environ.get(TRACKING_ENV, "").strip() or None
 
 
+def tracking_from_env(source: str, flagged: str | None = None) -> bool:
+    """Whether the study of ``source`` records where ``MLFLOW_TRACKING_URI`` says: the
+    variable is set and neither the file nor a flag (``flagged``) names a store."""
+    if flagged is not None or tracking_uri_from_env() is None:
+        return False
+    return "tracking_uri" not in _read(source)[0]
+
+
 def _with_program(cfg: StudyConfig) -> StudyConfig:
     """``cfg`` with its own script (if any) as an absolute path and its content's digest."""
     from .programs import digest, is_bundled, resolve_program

@@ -495,8 +495,15 @@ def test_a_study_that_names_no_mlflow_store_records_where_mlflows_own_variable_s
     assert cfgs.load("quickstart").tracking_uri == "http://mlflow.corp:5000"
     assert cfgs.load(str(tmp_path / "named.yaml")).tracking_uri == str(tmp_path / "own")
     assert cfgs.load("quickstart", {"tracking_uri": "mine"}).tracking_uri == "mine"
+    # the start says the store came from the variable only where it did
+    assert cfgs.tracking_from_env(str(tmp_path / "plain.yaml"))
+    assert cfgs.tracking_from_env("quickstart")
+    (tmp_path / "same.yaml").write_text("tracking_uri: http://mlflow.corp:5000\n")
+    assert not cfgs.tracking_from_env(str(tmp_path / "same.yaml"))
+    assert not cfgs.tracking_from_env("quickstart", "http://mlflow.corp:5000")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "  ")
     assert cfgs.load("quickstart").tracking_uri == "mlruns"
+    assert not cfgs.tracking_from_env("quickstart")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert cfgs.load("quickstart").tracking_uri == "mlruns"
 
