@@ -94,8 +94,11 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
                   if t.datetime_complete and t.datetime_start)
     summary: dict[str, Any] = {**{f"trials_{k}": v for k, v in counts.items()},
                                "trials": len(trials), "compute_s": compute}
+    others = sum(record.told_elsewhere(t) for t in study.get_trials(deepcopy=False))
+    elsewhere = f"; {others} told by another Optuna client, not counted" if others else ""
     echo(f"study {cfg.study_name!r}: {len(trials)} trials ({counts['reached']} reached, "
-         f"{counts['censored']} censored, {counts['failed']} failed), {compute:.0f} s of compute")
+         f"{counts['censored']} censored, {counts['failed']} failed), {compute:.0f} s of "
+         f"compute{elsewhere}")
     best_params: dict[str, Any] = {}
     # the fastest trial that reached, not Optuna's best value: a trial another client told
     # the study (a plain Optuna objective's value) is no time to accuracy

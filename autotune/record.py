@@ -99,13 +99,23 @@ def last_loss(attrs: dict[str, Any]) -> float | None:
     return rows[-1].loss if rows else None
 
 
+def told_elsewhere(trial: FrozenTrial) -> bool:
+    """Whether a finished trial was asked and told by another Optuna client (a notebook's
+    ``study.ask()``, ``study.optimize``): it holds none of autotune's records, so its value is
+    no time to accuracy and it trained nothing of this study's."""
+    return trial.state.is_finished() and OUTCOME not in trial.user_attrs \
+        and PARAMS not in trial.user_attrs
+
+
 def finished(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that ran and ended. Points dropped for violating a constraint, and trials
-    interrupted or lost to resume elsewhere (their resumption counts), do not count."""
+    """Trials that ran and ended. Points dropped for violating a constraint, trials
+    interrupted or lost to resume elsewhere (their resumption counts), and trials another
+    Optuna client told (``told_elsewhere``) do not count."""
     return [t for t in trials
             if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
             and t.user_attrs.get(OUTCOME) != "infeasible"
-            and t.user_attrs.get(STOP_REASON) not in RESUMED_REASONS]
+            and t.user_attrs.get(STOP_REASON) not in RESUMED_REASONS
+            and not told_elsewhere(t)]
 
 
 def reached(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:

@@ -107,13 +107,15 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
     best = None
     for t in trials:
         outcome = t.user_attrs.get(record.OUTCOME, "")
+        if not foreign and record.told_elsewhere(t):   # a notebook's study.tell(), say
+            outcome = "elsewhere"
         if t.state.name == "RUNNING":
             seconds = on_record.get(t.number)
             if seconds is None:     # no attempt on record: Optuna's stamp
                 seconds = (now - (t.datetime_start or now)).total_seconds()
             value = f"{seconds:.0f} s on"
         else:
-            elapsed = None if foreign else elapsed_of(t)
+            elapsed = None if foreign or outcome == "elsewhere" else elapsed_of(t)
             value = "" if elapsed is None else f"{elapsed:.2f}"
         if outcome == "reached" and t.value is not None and (
                 best is None or t.value < float(best.value or 0.0)):
@@ -125,6 +127,10 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print) -> 
                           for k, v in shown.items())
         echo(f"{t.number:>5}  {t.state.name:8}  {outcome:10}  "
              f"{t.user_attrs.get(record.STOP_REASON, ''):14}  {value:>9}  {params}")
+    others = 0 if foreign else sum(record.told_elsewhere(t) for t in trials)
+    if others:
+        echo(f"elsewhere: {others} trial(s) asked and told by another Optuna client (a "
+             "notebook's study.tell, say): no time to accuracy, not counted in the budget")
     if workers:
         echo("workers:")
         for w in workers:

@@ -80,3 +80,34 @@ def test_the_summary_names_the_fastest_reached_trial_not_a_value_another_client_
     summarize(StudyConfig(study_name="names", run_dir=str(tmp_path / "runs")), study, tracker,
               lines.append)
     assert lines[1] == "best: trial 2, time to top1 >= 0.97: 9.50 s", lines
+    # nor counts it among the study's trials, and says so
+    assert lines[0].startswith("study 'names': 4 trials (2 reached, 1 censored, 1 failed)")
+    assert lines[0].endswith("; 1 told by another Optuna client, not counted"), lines[0]
+
+
+def test_trials_another_optuna_client_told_are_not_counted_and_are_named_in_status(tmp_path):
+    """A notebook that asks and tells the study's trials (`study.optimize` on a plain
+    objective) used up the study's trial budget, and `status` showed its values as seconds."""
+    from autotune import record
+    from autotune._console import budget_left
+    from autotune.status import show
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = _study()
+    stored = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    stored.add_trials(study.trials)
+    stored.set_user_attr(record.STUDY_CONFIG, {"study_name": "s"})
+    assert budget_left(stored, 5)
+    other = optuna.load_study(study_name="s", storage=url)      # another client
+    other.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    failing = other.ask()
+    other.tell(failing, state=optuna.trial.TrialState.FAIL)
+    trials = stored.get_trials()
+    assert [record.told_elsewhere(t) for t in trials] == [False] * 4 + [True] * 3
+    assert len(record.finished(trials)) == 4 and budget_left(stored, 5)
+    said: list[str] = []
+    show("s", url, said.append)
+    row = next(line.split() for line in said if line.split()[:1] == ["4"])
+    assert row[1:3] == ["COMPLETE", "elsewhere"] and row[3].startswith("x="), row  # no seconds
+    assert any(line.startswith("elsewhere: 3 trial(s) asked and told by another Optuna client")
+               for line in said), said
