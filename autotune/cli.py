@@ -212,14 +212,17 @@ def _status(args: argparse.Namespace) -> int:
 
     validate_storage_url(args.storage, "--storage")
     if args.study is None:
-        return list_studies(args.storage)
-    return show(args.study, args.storage)
+        return list_studies(args.storage, as_json=args.json)
+    return show(args.study, args.storage, as_json=args.json)
 
 
 def _add_status(sub: Any) -> None:
     p = sub.add_parser("status", help="show a study's trials, workers and best TTA (no study: "
                                       "list the studies)")
     _study_in_storage(p, optional=True)
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (for scripts): each trial's state, outcome, "
+                        "reason, seconds and parameters, the workers and the best trial")
     p.set_defaults(func=_status)
 
 

@@ -111,3 +111,41 @@ def test_trials_another_optuna_client_told_are_not_counted_and_are_named_in_stat
     assert row[1:3] == ["COMPLETE", "elsewhere"] and row[3].startswith("x="), row  # no seconds
     assert any(line.startswith("elsewhere: 3 trial(s) asked and told by another Optuna client")
                for line in said), said
+
+
+def test_status_prints_one_json_object_for_scripts(tmp_path):
+    """`autotune status --json`: what the table shows, as data a script reads (a pipeline
+    that waits for a study's best TTA, say), for one study and for a storage's list."""
+    import json
+    import subprocess
+    import sys
+
+    from autotune import record
+    from autotune.status import list_studies, show
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    stored = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    stored.add_trials(_study().trials)
+    stored.set_user_attr(record.STUDY_CONFIG, {"study_name": "s"})
+    optuna.load_study(study_name="s", storage=url).enqueue_trial({"global_batch": 64})
+    said: list[str] = []
+    show("s", url, said.append, as_json=True)
+    assert len(said) == 1
+    snap = json.loads(said[0])
+    assert snap["study"] == "s" and snap["not_autotune"] is None and snap["elsewhere"] == 0
+    assert [(t["number"], t["state"], t["outcome"], t["reason"]) for t in snap["trials"]] == [
+        (0, "COMPLETE", "censored", "bound"), (1, "COMPLETE", "reached", "reached"),
+        (2, "COMPLETE", "reached", "reached"), (3, "COMPLETE", "failed", "diverged"),
+        (4, "WAITING", None, None)]
+    assert snap["trials"][2]["elapsed_s"] == 9.5 and snap["trials"][4]["params"] == {
+        "global_batch": 64}
+    assert snap["best"] == {"trial": 2, "tta_s": 9.5, "params": {"global_batch": 384},
+                            "model": None}
+    listed: list[str] = []
+    list_studies(url, listed.append, as_json=True)
+    assert json.loads(listed[0])["studies"] == [
+        {"study": "s", "trials": 5, "not_autotune": None, "reached": 2, "running": 0,
+         "best_trial": 2, "best_tta_s": 9.5, "stopped": None}]
+    cli = subprocess.run([sys.executable, "-m", "autotune", "status", "s", "--storage", url,
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and json.loads(cli.stdout) == snap, cli.stderr
