@@ -60,11 +60,13 @@ def _absolute_data(cfg: StudyConfig) -> StudyConfig:
     data = dict(cfg.trainer.data)
     if data.get("kind") != "imagefolder":
         return cfg
-    given = Path(str(data["path"]))
-    if given.is_absolute():
-        return cfg       # as written: a study started with it resumes without a change
-    path = given.expanduser()
-    data["path"] = str(path if path.is_absolute() else (Path(cfg.base_dir) / path).resolve())
+    for key in ("path", "labels", "val_labels"):   # the tree, and a table of its classes
+        if not isinstance(data.get(key), str) or Path(data[key]).is_absolute():
+            continue     # as written: a study started with it resumes without a change
+        path = Path(data[key]).expanduser()
+        data[key] = str(path if path.is_absolute() else (Path(cfg.base_dir) / path).resolve())
+    if data == cfg.trainer.data:
+        return cfg
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, data=data))
 
 
@@ -104,8 +106,8 @@ def _check_outputs_outside_tree(cfg: StudyConfig) -> None:
     ``val_split``): the trainers would take them for classes without images, and the
     study's plots (.png) for training images."""
     data = cfg.trainer.data
-    if data.get("kind") != "imagefolder":
-        return
+    if data.get("kind") != "imagefolder" or data.get("labels"):
+        return      # a table of classes names its images: no folder is read as a class
     root = Path(str(data.get("path", ""))).resolve()
     read = [root / "train" if (root / "train").is_dir() or data.get("val_split") is None
             else root]

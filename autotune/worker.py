@@ -8,6 +8,7 @@ server's ``autotune://HOST:PORT``) and the study's name.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -148,6 +149,11 @@ def _local_data(cfg: StudyConfig, data_path: str | None) -> tuple[StudyConfig, i
                               f"{cfg.study_name!r} trains on {kind} data, which its trainers "
                               "make themselves: leave --data out")
         data["path"] = str(Path(data_path).expanduser().resolve())
+        for key in ("labels", "val_labels"):   # a table not where it was moved with the tree
+            if started_at and data.get(key) and not Path(data[key]).is_file():
+                moved = os.path.normpath(os.path.join(data["path"], os.path.relpath(
+                    data[key], started_at)))
+                data[key] = moved if Path(moved).is_file() else data[key]
     try:
         size, classes = train_size(data), num_classes(data)
     except ValueError as e:

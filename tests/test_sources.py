@@ -356,9 +356,9 @@ def test_a_path_one_level_off_the_tree_says_which_path_holds_it(tmp_path):
         (flat / f.name).write_bytes(f.read_bytes())
     (flat / "labels.csv").write_text("file,label\n")
     with pytest.raises(ValueError, match=r"holds 3 images directly: autotune takes an image's "
-                                         r"class from its folder's name \(labels in labels\.csv "
-                                         r"are not read\), so move them into one folder per "
-                                         r"class"):
+                                         r"class from its folder's name, so move them into one "
+                                         r"folder per class .*, or name the table of their "
+                                         r"classes as trainer.data.labels \(labels\.csv\)"):
         read_layout({"kind": "imagefolder", "path": str(flat), "val_split": 0.2})
     # a tree of classes with no split is still told to add val_split, not to look deeper
     classes = make_tree(tmp_path / "plain", classes=2, train=3, val=1) / "train"

@@ -566,11 +566,12 @@ def _loose_hint(top: Path, root: Path) -> str:
     loose = sum(1 for n in names if _is_image(n))
     if not loose:
         return ""
-    tables = [n for n in names if n.lower().endswith((".csv", ".txt", ".json"))]
-    labels = f" (labels in {tables[0]} are not read)" if tables else ""
+    tables = [n for n in sorted(names) if n.lower().endswith(".csv")]
     hint = (f"; it holds {loose} images directly: autotune takes an image's class from its "
-            f"folder's name{labels}, so move them into one folder per class "
-            f"({top}/<class>/*.jpg)")
+            f"folder's name, so move them into one folder per class ({top}/<class>/*.jpg)"
+            + (f", or name the table of their classes as trainer.data.labels ({tables[0]}) "
+               "with val_split" if tables else
+               ", or give a CSV file of their classes as trainer.data.labels"))
     up = root.parent.parent if root.parent.name == "train" else root.parent
     if up != root and _holds_tree(up):
         hint += f"; or, if {root.name} is one class of a tree, give the tree's root: {up}"
@@ -588,7 +589,13 @@ def read_layout(spec: dict[str, Any]) -> Layout:
     is wrong with it: ``path/train/<class>/*`` and ``path/val/<class>/*`` (or ``valid/``,
     ``validation/``) with the same class folders; or, with ``val_split``, ``path/<class>/*``
     (or ``path/train/<class>/*`` alone), each class's ``val_split`` share held out for
-    validation (:func:`_held_out`). At least 2 classes, images in every one."""
+    validation (:func:`_held_out`). At least 2 classes, images in every one. With ``labels``
+    (a CSV file of image and class), the images under ``path`` that it names, in its classes
+    (:mod:`trainers._labels`)."""
+    if spec.get("labels"):
+        from trainers._labels import labelled_layout
+
+        return Layout(*labelled_layout(spec))
     root = Path(str(spec.get("path", "")))
     share = spec.get("val_split")
     if not root.is_dir():
@@ -775,6 +782,8 @@ def image_size_of(spec: dict[str, Any]) -> int:
 def num_classes(spec: dict[str, Any]) -> int:
     """Number of classes of ``spec``, without decoding any image."""
     kind = spec.get("kind", "digits")
+    if kind == "imagefolder" and spec.get("labels"):
+        return len(read_layout(spec).classes)
     if kind == "imagefolder":
         return len(_class_folders(_class_root(Path(str(spec["path"])), spec.get("val_split"))))
     if kind == "synthetic":
