@@ -80,12 +80,14 @@ def test_names_with_endings_and_folders_numbered_classes_and_another_validation_
         tmp_path):
     rows = _images(tmp_path / "train" / "part1", per_class=4)
     numbered = [(f"part1/{n}.jpg", str([2, 10, 1][CLASSES.index(c)])) for n, c in rows]
+    numbered[0] = (numbered[0][0].replace("/", "\\"), numbered[0][1])   # as Windows writes
     train = _table(tmp_path / "train.csv", ["file_name", "category"], numbered[:9])
     val = _table(tmp_path / "val.csv", ["file_name", "category"], numbered[9:])
     layout = read_layout(_spec(tmp_path, labels=str(train), val_labels=str(val)))
     assert layout.classes == ["1", "2", "10"]                      # by number, not as text
     assert (len(layout.train), len(layout.val)) == (9, 3)
-    assert all(layout.classes[i] == dict(numbered)[str(Path(p).relative_to(tmp_path / "train"))]
+    given = {k.replace("\\", "/"): c for k, c in numbered}
+    assert all(layout.classes[i] == given[str(Path(p).relative_to(tmp_path / "train"))]
                for p, i in layout.train + layout.val)
 
 

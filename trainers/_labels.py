@@ -141,6 +141,8 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
                              f"{header[label]}; every row names an image and its class")
         name, cls = cells[image], cells[label]
         rel = os.path.normpath(name)
+        if rel not in by_path and rel not in by_stem and "\\" in name:   # written on Windows
+            rel = os.path.normpath(name.replace("\\", "/"))
         full = (name if os.path.isabs(name) and os.path.isfile(name)
                 else by_path.get(rel) or next(iter(by_stem.get(rel, [])), None))
         if full is None:
