@@ -142,10 +142,13 @@ def test_a_table_that_cannot_label_the_images_is_refused_with_what_is_wrong(
 
 def test_a_table_that_is_no_csv_text_is_named_as_what_it_is(tmp_path):
     _images(tmp_path / "train", per_class=2)
+    (tmp_path / "train" / "anim.gif").write_bytes(b"GIF89a")      # a format not read
     for name, content, message in (
             ("book.xlsx", b"PK\x03\x04\x14\x00rest", "is a zip file .an Excel workbook.*save"),
             ("empty.csv", b"", "is empty; it needs a header line"),
-            ("nul.csv", b"id,label\n\x00\x00", "is not a text file")):
+            ("nul.csv", b"id,label\n\x00\x00", "is not a text file"),
+            ("gif.csv", b"id,label\nanim.gif,a\n", "names 1 file.s. that are not images "
+                                                   "autotune reads .e.g. 'anim.gif'.; allowed")):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(ValueError, match=message):
             read_layout(_spec(tmp_path, labels=str(tmp_path / name), val_split=0.3))

@@ -157,6 +157,13 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
                              f"{cls!r}); a classifier takes one class an image (data with "
                              "several labels an image is not supported)")
         rows[full] = cls
+    others = [m for m in missing if (root / m.replace("\\", "/")).is_file()]
+    if others:
+        from trainers.sources import _allowed
+
+        shown = ", ".join(repr(m) for m in others[:_MAX_SHOWN])
+        raise ValueError(f"{where} {table} names {len(others)} file(s) that are not images "
+                         f"autotune reads (e.g. {shown}); allowed: {_allowed()}: convert them")
     if missing:
         shown = ", ".join(repr(m) for m in missing[:_MAX_SHOWN])
         raise ValueError(f"{where} {table} names {len(missing)} image(s) that are not under "
