@@ -152,6 +152,14 @@ def test_a_table_that_is_no_csv_text_is_named_as_what_it_is(tmp_path):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(ValueError, match=message):
             read_layout(_spec(tmp_path, labels=str(tmp_path / name), val_split=0.3))
+    # names relative to the table's folder (train/ID.jpg), the images' folder given as path
+    rows = [(f"train/{p.name}", "a" if i % 2 else "b")
+            for i, p in enumerate(sorted((tmp_path / "train").glob("*.jpg")))]
+    beside = _table(tmp_path / "beside.csv", ["image", "label"], rows)
+    with pytest.raises(ValueError, match=f"relative to: they lie under {tmp_path}, give that$"):
+        read_layout(_spec(tmp_path, labels=str(beside), val_split=0.3))
+    assert len(read_layout(_spec(tmp_path, labels=str(beside), val_split=0.3,
+                                 path=str(tmp_path))).classes) == 2
     with pytest.raises(ValueError, match="labels file .*gone.csv does not exist"):
         read_layout(_spec(tmp_path, labels=str(tmp_path / "gone.csv"), val_split=0.3))
 

@@ -166,9 +166,12 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
                          f"autotune reads (e.g. {shown}); allowed: {_allowed()}: convert them")
     if missing:
         shown = ", ".join(repr(m) for m in missing[:_MAX_SHOWN])
+        beside = table.parent.resolve()      # names relative to the table's own folder?
+        hint = (f": they lie under {beside}, give that" if beside != root.resolve() and all(
+            (beside / m.replace("\\", "/")).is_file() for m in missing[:_MAX_SHOWN]) else "")
         raise ValueError(f"{where} {table} names {len(missing)} image(s) that are not under "
                          f"{root} (e.g. {shown}; {len(by_path)} images lie there); give as "
-                         "trainer.data.path the folder its image names are relative to")
+                         f"trainer.data.path the folder its image names are relative to{hint}")
     return list(rows.items())
 
 
