@@ -69,8 +69,8 @@ def _read_rows(path: Path, where: str) -> tuple[list[str], list[tuple[int, list[
     delimiter = max((",", ";", "\t"), key=first.count)
     rows = list(csv.reader(lines, delimiter=delimiter))
     header = [h.strip() for h in rows[0]]
-    body = [(n, [c.strip() for c in r]) for n, r in enumerate(rows[1:], start=2)
-            if any(c.strip() for c in r)]
+    stripped = ((n, [c.strip() for c in r]) for n, r in enumerate(rows[1:], start=2))
+    body = [(n, cells) for n, cells in stripped if any(cells)]
     if len(header) < 2:
         raise ValueError(f"{where} {path} has one column ({header[0]!r}); it needs a column "
                          "naming each image and one naming its class")
@@ -104,19 +104,21 @@ def _column(header: list[str], given: Any, names: tuple[str, ...], what: str, ke
 def _images_under(root: Path) -> tuple[dict[str, str], dict[str, list[str]]]:
     """Every image under ``root`` (links followed, each folder once) by its path relative to
     ``root``, and by that path without its ending (the paths it may stand for)."""
-    from trainers.sources import _is_image, _walk
+    from trainers.sources import _EXTENSIONS, _walk
 
     by_path: dict[str, str] = {}
     by_stem: dict[str, list[str]] = {}
+    endings = set(_EXTENSIONS)
     for top, files in _walk(root):
         rel_top = os.path.relpath(top, root)
-        for name in files:
-            if not _is_image(name):
+        prefix = "" if rel_top == "." else rel_top + os.sep
+        for name in files:          # as _is_image judges a name, without a call per file
+            stem, dot, ending = name.rpartition(".")
+            if name.startswith(".") or not dot or "." + ending.lower() not in endings:
                 continue
-            rel = os.path.normpath(os.path.join(rel_top, name))
             full = os.path.join(top, name)
-            by_path[rel] = full
-            by_stem.setdefault(os.path.splitext(rel)[0], []).append(full)
+            by_path[prefix + name] = full
+            by_stem.setdefault(prefix + stem, []).append(full)
     return by_path, by_stem
 
 
@@ -140,11 +142,11 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
             raise ValueError(f"{where} {table}, line {line}: no {header[image]} or no "
                              f"{header[label]}; every row names an image and its class")
         name, cls = cells[image], cells[label]
-        rel = os.path.normpath(name)
+        rel = name if name in by_path or name in by_stem else os.path.normpath(name)
         if rel not in by_path and rel not in by_stem and "\\" in name:   # written on Windows
             rel = os.path.normpath(name.replace("\\", "/"))
-        full = (name if os.path.isabs(name) and os.path.isfile(name)
-                else by_path.get(rel) or next(iter(by_stem.get(rel, [])), None))
+        full = by_path.get(rel) or by_stem.get(rel, (None,))[0] or (
+            name if os.path.isabs(name) and os.path.isfile(name) else None)
         if full is None:
             missing.append(name)
             continue
