@@ -49,7 +49,7 @@ RECONNECT_GRACE = timedelta(seconds=10)
 ORPHAN_BEATS = 6.0         # RUNNING with no attempt on record this many heartbeats: given up
 LATE_S = 1.0               # a recoverer this late for its own next check was itself stalled
 _METHOD = "/autotune.Control/Call"
-_CALLS = ("register", "heartbeat", "stop_worker", "attempt", "workers", "attempts")
+_CALLS = ("register", "heartbeat", "stop_worker", "attempt", "workers", "attempts", "forget")
 
 
 def worker_name() -> str:

@@ -73,6 +73,7 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
             for point in space.warm_starts:
                 study.enqueue_trial(space.encode(point), user_attrs={"warm_start": True})
         if record.STUDY_CONFIG not in study.user_attrs:  # workers wait for it before joining
+            _forget_earlier(cfg, echo)
             study.set_user_attr(record.STUDY_UID, new_uid())
             study.set_user_attr(record.STUDY_SPACE, space.to_dict())
             study.set_user_attr(record.STUDY_VERSION, __version__)
@@ -123,6 +124,26 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
         if failing:
             raise StudyFailing(failing)
         return code
+
+
+def _forget_earlier(cfg: StudyConfig, echo: Print) -> None:
+    """Drops the worker registry's records of an earlier study of this name (deleted since,
+    as `optuna delete-study` does, leaving autotune's tables alone) before a new one starts:
+    its attempts carry the trial numbers the new study reuses, and would pass for the new
+    trials' records (a lost worker's trial never resumed, an attempt never recorded)."""
+    from .control import NoControlChannel
+
+    registry = registry_for(cfg.storage)
+    try:
+        dropped = registry.forget(study=cfg.study_name)
+    except NoControlChannel:
+        return                     # a plain Optuna proxy keeps no registry to forget
+    finally:
+        registry.close()
+    if dropped.get("attempts") or dropped.get("workers"):
+        echo(f"study {cfg.study_name!r} is new: the records of {dropped['workers']} worker(s) "
+             f"and {dropped['attempts']} trial attempt(s) of an earlier study of that name, "
+             "deleted since, are dropped")
 
 
 def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: Any,

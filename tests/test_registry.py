@@ -432,3 +432,54 @@ def test_status_counts_a_running_trials_seconds_in_any_time_zone(tmp_path, monke
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def test_a_study_made_again_under_a_deleted_ones_name_starts_with_no_records(tmp_path):
+    """`optuna delete-study` leaves autotune's tables alone: a new study of the name reused
+    the old attempts' (study, trial number, attempt) keys, so its first trials' attempts were
+    taken for late repeats of the old ones (never recorded as running: a lost worker's trial
+    never resumed) until a new study drops them."""
+    from autotune.config import StudyConfig
+    from autotune.study import _forget_earlier
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    registry = Registry(url)
+    registry.register(name="w1", study="s", host="h", pid=1)
+    registry.attempt(study="s", trial_number=0, attempt=1, worker="w1", status="finished")
+    registry.register(name="w9", study="other", host="h", pid=9)
+    registry.attempt(study="other", trial_number=0, attempt=1, worker="w9", status="running")
+    registry.register(name="w2", study="s", host="h", pid=2)
+    assert registry.attempt(study="s", trial_number=0, attempt=1, worker="w2",
+                            status="running") == {"status": "finished"}     # the defect
+    said: list[str] = []
+    _forget_earlier(StudyConfig(study_name="s", storage=url), said.append)
+    assert said == ["study 's' is new: the records of 2 worker(s) and 1 trial attempt(s) of an "
+                    "earlier study of that name, deleted since, are dropped"]
+    assert registry.workers("s") == [] and registry.attempts("s") == []
+    assert len(registry.attempts("other")) == 1                          # another study's kept
+    registry.register(name="w2", study="s", host="h", pid=2)
+    assert registry.attempt(study="s", trial_number=0, attempt=1, worker="w2",
+                            status="running") == {"status": "running"}
+    said.clear()
+    _forget_earlier(StudyConfig(study_name="t", storage=url), said.append)
+    assert said == []                                   # nothing to drop: nothing said
+    registry.close()
+
+
+def test_a_worker_name_used_again_for_another_study_is_that_studys_worker(tmp_path):
+    """A container restarted with its host name and process id (`worker1-7`) joins a new
+    study under the name its predecessor registered for the old one: the row kept the old
+    study, so the new study never saw the worker, nor gave it up when it died."""
+    registry = Registry(f"sqlite:///{tmp_path / 'study.db'}")
+    registry.register(name="worker1-7", study="old", host="worker1", pid=7)
+    registry.stop_worker(name="worker1-7")
+    registry.register(name="worker1-7", study="new", host="worker1", pid=7)
+    assert [w["status"] for w in registry.workers("new")] == ["running"]
+    assert registry.workers("old") == []
+    silence(registry, "worker1-7", 3600)
+    registry.attempt(study="new", trial_number=4, attempt=1, worker="worker1-7",
+                     status="running")
+    silence(registry, "worker1-7", 3600)
+    lost = registry.claim_lost("new", 60, datetime.min)
+    assert [(c["trial_number"], c["worker"]) for c in lost] == [(4, "worker1-7")]
+    registry.close()

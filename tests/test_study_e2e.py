@@ -23,10 +23,26 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     mlruns = tmp_path / "mlruns"
     args = ["start", "study", "quickstart", "--storage", storage, "--tracking-uri", str(mlruns),
             "--max-trial-seconds", "30"]
+    # the registry's records of an earlier "quickstart" in this database, deleted since
+    # with Optuna's `delete-study` (which leaves autotune's tables alone)
+    from autotune.db import Registry
+
+    earlier = Registry(storage)
+    earlier.register(name="gone-1", study="quickstart", host="gone", pid=1)
+    earlier.attempt(study="quickstart", trial_number=0, attempt=1, worker="gone-1",
+                    status="finished")
+    earlier.close()
     first = run_cli(*args, "--n-trials", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     out = first.stdout
     assert out.count("[trial ") == 2
+    assert ("study 'quickstart' is new: the records of 1 worker(s) and 1 trial attempt(s) of "
+            "an earlier study of that name, deleted since, are dropped") in out
+    registry = Registry(storage, create=False)
+    assert {a["worker"] for a in registry.attempts("quickstart")} != {"gone-1"}
+    assert [w["host"] for w in registry.workers("quickstart")] != ["gone"]
+    assert len(registry.attempts("quickstart")) == 2      # its own two trials' attempts
+    registry.close()
     assert f"autotune ui --tracking-uri {mlruns} --study quickstart" in out
 
     study = optuna.load_study(study_name="quickstart", storage=storage)
@@ -120,6 +136,10 @@ def test_quickstart_study_records_trials_in_optuna_and_mlflow_and_resumes(tmp_pa
     again = run_cli(*args, "--n-trials", "3", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming study 'quickstart': 2 finished trial(s)" in again.stdout
+    assert "is new" not in again.stdout                  # a resume keeps its records
+    registry = Registry(storage, create=False)
+    assert len(registry.attempts("quickstart")) == 3
+    registry.close()
     assert again.stdout.count("[trial ") == 1
     assert len(optuna.load_study(study_name="quickstart", storage=storage).trials) == 3
     runs = client.search_runs([experiment.experiment_id])

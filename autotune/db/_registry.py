@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, select, update
+from sqlalchemy import Engine, create_engine, delete, select, update
 from sqlalchemy.orm import Session
 
 from ..config import database_url, redact, sqlite_wal
@@ -122,7 +122,11 @@ class Registry:
             if worker is None:
                 s.add(Worker(name=name, study_name=study, host=host, pid=pid, status="running",
                              started_at=now, last_heartbeat=now))
-            else:
+            else:   # the same process again, or a later one with the name (a container
+                # restarted with its host name and process id): this one's study
+                if worker.study_name != study:
+                    worker.study_name, worker.started_at = study, now
+                worker.host, worker.pid = host, pid
                 worker.status, worker.last_heartbeat = "running", now
         return {"status": "running"}
 
@@ -223,6 +227,15 @@ class Registry:
                                                    - self._offset).replace(
                                     tzinfo=UTC).timestamp()})   # on this machine's clock
         return claimed
+
+    def forget(self, study: str) -> dict[str, Any]:
+        """Drops ``study``'s workers and attempts: those of an earlier study of that name,
+        deleted since (``optuna delete-study``), whose trial numbers a new study reuses."""
+        with Session(self.engine) as s, s.begin():
+            attempts = s.execute(delete(TrialAttempt).where(TrialAttempt.study_name == study))
+            workers = s.execute(delete(Worker).where(Worker.study_name == study))
+        return {"attempts": int(getattr(attempts, "rowcount", 0) or 0),
+                "workers": int(getattr(workers, "rowcount", 0) or 0)}
 
     def live_studies(self) -> list[str]:
         """Studies with workers on record as running."""
