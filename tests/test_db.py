@@ -106,6 +106,16 @@ def test_a_user_without_rights_on_the_database_is_told_the_grant_that_gives_them
                 f"and later let only the database's owner): make it the owner (ALTER DATABASE "
                 f"{database} OWNER TO {role}) or grant it (GRANT CREATE ON SCHEMA public TO "
                 f"{role}), as a role that may") in capsys.readouterr().err
+        # `db upgrade` says the same, and keeps a password out of its line (it printed
+        # SQLAlchemy's own text, and the URL as given)
+        secret = urlunsplit(parts._replace(netloc=f"{role}:s3cret@{host}"))
+        assert main(["db", "upgrade", "--storage", secret]) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines() == [
+            f"autotune: error: cannot migrate {secret.replace('s3cret', '***')}: {role} may not "
+            f"create tables in {database}'s public schema (PostgreSQL 15 and later let only the "
+            f"database's owner): make it the owner (ALTER DATABASE {database} OWNER TO {role}) "
+            f"or grant it (GRANT CREATE ON SCHEMA public TO {role}), as a role that may"], err
         optuna.create_study(study_name="theirs", storage=database_url(owner_url))
         assert main(["status", "--storage", url]) == 2
         err = capsys.readouterr().err

@@ -42,10 +42,15 @@ def _run(action: str, url: str, *args: Any) -> str:
     try:
         getattr(command, action)(_config(url, out), *args)
     except CommandError as e:
-        raise ConfigError(f"migrations of {url}: {e}") from e
+        from ..config import redact
+
+        raise ConfigError(f"migrations of {redact(url)}: {e}") from e
     except SQLAlchemyError as e:
-        first = " ".join(str(e).split())[:200]
-        raise ConfigError(f"cannot migrate {url}: {first}") from e
+        from ..config import redact
+        from ..store import storage_problem
+
+        # the database's own answer, said as what to do (a role that may not create tables)
+        raise ConfigError(f"cannot migrate {redact(url)}: {storage_problem(e, url)}") from e
     return out.getvalue()
 
 
