@@ -138,6 +138,14 @@ def _forget_earlier(cfg: StudyConfig, echo: Print) -> None:
         dropped = registry.forget(study=cfg.study_name)
     except NoControlChannel:
         return                     # a plain Optuna proxy keeps no registry to forget
+    except Exception as e:  # noqa: BLE001 - a study server of an older release: no such call
+        code = getattr(e, "code", None)
+        if not callable(code) or code().name != "INVALID_ARGUMENT":
+            raise
+        echo(f"the study server at {redact(cfg.storage)} (another autotune release) cannot "
+             "drop the records of an earlier study of this name; if one was deleted, give this "
+             "study another name")
+        return
     finally:
         registry.close()
     if dropped.get("attempts") or dropped.get("workers"):

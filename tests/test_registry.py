@@ -483,3 +483,43 @@ def test_a_worker_name_used_again_for_another_study_is_that_studys_worker(tmp_pa
     lost = registry.claim_lost("new", 60, datetime.min)
     assert [(c["trial_number"], c["worker"]) for c in lost] == [(4, "worker1-7")]
     registry.close()
+
+
+def test_a_study_server_of_an_older_release_without_the_call_is_said_and_the_study_goes_on(
+        monkeypatch):
+    """A study server of an earlier release answers an unknown control call with
+    INVALID_ARGUMENT: the new study starts, saying what it could not drop."""
+    import grpc
+
+    from autotune import study as study_module
+    from autotune.config import StudyConfig
+
+    class OlderServer(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.INVALID_ARGUMENT
+
+    class Client:
+        closed = False
+
+        def forget(self, study: str) -> dict:
+            raise OlderServer()
+
+        def close(self) -> None:
+            Client.closed = True
+
+    monkeypatch.setattr(study_module, "registry_for", lambda url: Client())
+    said: list[str] = []
+    study_module._forget_earlier(StudyConfig(study_name="s", storage="autotune://h:1"),
+                                 said.append)
+    assert Client.closed and said == [
+        "the study server at autotune://h:1 (another autotune release) cannot drop the records "
+        "of an earlier study of this name; if one was deleted, give this study another name"]
+
+    class Down(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+    Client.forget = lambda self, study: (_ for _ in ()).throw(Down())   # type: ignore
+    with pytest.raises(Down):
+        study_module._forget_earlier(StudyConfig(study_name="s", storage="autotune://h:1"),
+                                     said.append)
