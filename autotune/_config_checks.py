@@ -29,9 +29,9 @@ DATA_KEYS = {"digits": ("kind", "image_size", "augment"),
              "synthetic": ("kind", "image_size", "num_classes", "train_images", "val_images"),
              "imagefolder": ("kind", "path", "image_size", "eval_size", "loader_workers",
                              "augment", "val_split", "labels", "val_labels", "image_column",
-                             "label_column")}
+                             "label_column", "split_column")}
 # The keys of an ImageFolder source that name a table of classes, or its columns.
-_LABEL_KEYS = ("labels", "val_labels", "image_column", "label_column")
+_LABEL_KEYS = ("labels", "val_labels", "image_column", "label_column", "split_column")
 # (low, high) of each whole-number key of trainer.data.
 _DATA_RANGES = {"image_size": (8, 4096), "eval_size": (8, 4096), "num_classes": (2, 100_000),
                 "train_images": (1, 10**9), "val_images": (1, 10**9), "loader_workers": (0, 64)}
@@ -76,10 +76,10 @@ def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
     if given and "labels" not in data:
         found.append(("trainer.data", f"has {', '.join(given)} without labels (the CSV file of "
                       "the training images' classes)"))
-    if "labels" in data and ("val_split" in data) == ("val_labels" in data):
-        found.append(("trainer.data.labels", "needs one of val_split (0.1 holds out 10% of each "
+    if "labels" in data and "val_split" in data and "val_labels" in data:
+        found.append(("trainer.data.labels", "takes one of val_split (0.1 holds out 10% of each "
                       "class for validation) and val_labels (a CSV file of the validation "
-                      "images' classes)"))
+                      "images' classes), not both"))
     if kind == "imagefolder" and not (isinstance(data.get("path"), str) and data["path"]):
         found.append(("trainer.data.path", "must name the ImageFolder root (with train/ and "
                       "val/, or class folders and val_split) when kind is imagefolder"))

@@ -140,6 +140,41 @@ def test_a_table_that_cannot_label_the_images_is_refused_with_what_is_wrong(
         read_layout(spec)
 
 
+def test_a_tables_own_split_column_says_what_trains_validates_and_is_left_out(tmp_path):
+    """Tables that come with their split (a `split` column of train, valid and test rows, as
+    many exported data sets do): the test rows never train nor validate."""
+    rows = _images(tmp_path / "train", per_class=6)
+    parts = ["train", "train", "train", "valid", "Test", "train"]
+    split = [(n, c, parts[i // 3 % 6]) for i, (n, c) in enumerate(rows)]
+    table = _table(tmp_path / "t.csv", ["image", "label", "split"], split)
+    layout = read_layout(_spec(tmp_path, labels=str(table)))
+    part = {n: p for n, _, p in split}
+    assert sorted(part[Path(p).stem] for p, _ in layout.train) == ["train"] * 12
+    assert sorted(part[Path(p).stem] for p, _ in layout.val) == ["valid"] * 3
+    assert layout.classes == sorted(CLASSES)
+    with pytest.raises(ValueError, match="a split column with val rows. and val_split says it "
+                                         "again: drop val_split"):
+        read_layout(_spec(tmp_path, labels=str(table), val_split=0.2))
+    # a split of train and test rows only: val_split holds out a share of the train rows
+    no_val = _table(tmp_path / "n.csv", ["image", "label", "subset"],
+                    [(n, c, "test" if p == "Test" else "train") for n, c, p in split])
+    layout = read_layout(_spec(tmp_path, labels=str(no_val), val_split=0.25))
+    assert len(layout.train) + len(layout.val) == 15 and len(layout.val) == 6
+    with pytest.raises(ValueError, match="needs val_split .*, val_labels .* or a split column "
+                                         "with val rows"):
+        read_layout(_spec(tmp_path, labels=str(no_val)))
+    odd = _table(tmp_path / "o.csv", ["image", "label", "partition"],
+                 [(n, c, "fold3") for n, c, _ in split])
+    with pytest.raises(ValueError, match="line 2: partition is 'fold3'; it says a row's part of "
+                                         "the data: train, val .* or test .left out."):
+        read_layout(_spec(tmp_path, labels=str(odd), val_split=0.2))
+    named = _table(tmp_path / "x.csv", ["image", "label", "where"], split)
+    layout = read_layout(_spec(tmp_path, labels=str(named), split_column="where"))
+    assert len(layout.val) == 3
+    with pytest.raises(ValueError, match="split_column 'part' is not a column"):
+        read_layout(_spec(tmp_path, labels=str(named), split_column="part"))
+
+
 def test_a_table_that_is_no_csv_text_is_named_as_what_it_is(tmp_path):
     _images(tmp_path / "train", per_class=2)
     (tmp_path / "train" / "anim.gif").write_bytes(b"GIF89a")      # a format not read
@@ -165,8 +200,9 @@ def test_a_table_that_is_no_csv_text_is_named_as_what_it_is(tmp_path):
 
 
 @pytest.mark.parametrize("data, message", [
-    ("labels: t.csv", "trainer.data.labels needs one of val_split .* and val_labels"),
-    ("labels: t.csv, val_split: 0.1, val_labels: v.csv", "trainer.data.labels needs one of"),
+    ("labels: t.csv, val_split: 0.1, val_labels: v.csv",
+     "trainer.data.labels takes one of val_split .* and val_labels .*, not both"),
+    ("labels: t.csv, val_split: 0.1, split_column: ''", "split_column must be a column's name"),
     ("val_labels: v.csv, val_split: 0.1", "has val_labels without labels"),
     ("labels: t.csv, val_split: 0.1, label_column: 3", "label_column must be a column's name"),
     ("labels: '', val_split: 0.1", "labels must be the path of a CSV file, got ''"),

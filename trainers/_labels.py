@@ -4,10 +4,11 @@ rows, as Kaggle's and many labelling tools' data sets come (``train/*.jpg`` and
 
 ``spec`` keys: ``path`` (the folder the images lie under), ``labels`` (the CSV file),
 ``val_labels`` (a second one for validation; else ``val_split`` holds out a share of each
-class), ``image_column`` and ``label_column`` (else found by their names, or the two
-columns of a two-column file). A row names an image by its path under ``path``, with or
-without its ending (``0a1b2c`` for ``0a1b2c.jpg``). Every problem is a one-line ValueError
-that says what is wrong and what is allowed.
+class, or the table's own split column says each row's part: train, val or test, the test
+rows left out), ``image_column``, ``label_column`` and ``split_column`` (else found by their
+names, or the two columns of a two-column file). A row names an image by its path under
+``path``, with or without its ending (``0a1b2c`` for ``0a1b2c.jpg``). Every problem is a
+one-line ValueError that says what is wrong and what is allowed.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IMAGE_NAMES", "LABEL_NAMES", "labelled_layout"]
+__all__ = ["IMAGE_NAMES", "LABEL_NAMES", "SPLIT_NAMES", "labelled_layout"]
 
 # Column names that hold the image, and the class, in the tables data sets come with (matched
 # without regard to case, spaces or underscores), in order of preference.
 IMAGE_NAMES = ("image", "imageid", "imagename", "imagepath", "img", "file", "filename",
                "filepath", "fname", "path", "id", "name")
 LABEL_NAMES = ("label", "class", "classname", "labelname", "category", "target", "y")
+# A column that says which part of the data a row is in, and what its values mean.
+SPLIT_NAMES = ("split", "subset", "partition")
+_PARTS = {"train": "train", "training": "train", "val": "val", "valid": "val",
+          "validation": "val", "dev": "val", "test": None, "testing": None, "holdout": None}
 _MAX_SHOWN = 3
 
 
@@ -122,10 +127,25 @@ def _images_under(root: Path) -> tuple[dict[str, str], dict[str, list[str]]]:
     return by_path, by_stem
 
 
+def _split_column(header: list[str], given: Any, where: str, path: Path,
+                  taken: tuple[int, int]) -> int | None:
+    """The column that says each row's part of the data (``split_column``, else one named
+    split, subset or partition), or None."""
+    if given:
+        if str(given) not in header:
+            raise ValueError(f"split_column {given!r} is not a column of {where} {path}; its "
+                             f"columns: {', '.join(header)}")
+        return header.index(str(given))
+    keys = [_key(h) for h in header]
+    return next((i for i, k in enumerate(keys) if k in SPLIT_NAMES and i not in taken), None)
+
+
 def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
-           found: tuple[dict[str, str], dict[str, list[str]]]) -> list[tuple[str, str]]:
+           found: tuple[dict[str, str], dict[str, list[str]]]
+           ) -> tuple[list[tuple[str, str]], dict[str, str] | None]:
     """The (image path, class name) rows of the table ``table``, each image found under
-    ``root``."""
+    ``root``, and where the table has a split column, each image's part (train or val; rows
+    of the test part are left out)."""
     header, body = _read_rows(table, where)
     image = _column(header, spec.get("image_column"), IMAGE_NAMES, "image", "image_column",
                     where, table)
@@ -134,6 +154,8 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
     if image == label:
         raise ValueError(f"image_column and label_column name the same column "
                          f"({header[image]!r}) of {where} {table}")
+    split = _split_column(header, spec.get("split_column"), where, table, (image, label))
+    parts: dict[str, str] | None = None if split is None else {}
     by_path, by_stem = found
     rows: dict[str, str] = {}
     missing: list[str] = []
@@ -141,6 +163,16 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
         if len(cells) <= max(image, label) or not cells[image] or not cells[label]:
             raise ValueError(f"{where} {table}, line {line}: no {header[image]} or no "
                              f"{header[label]}; every row names an image and its class")
+        part = None
+        if split is not None:
+            said = cells[split].lower() if len(cells) > split else ""
+            if said not in _PARTS:
+                raise ValueError(f"{where} {table}, line {line}: {header[split]} is "
+                                 f"{said!r}; it says a row's part of the data: train, val "
+                                 "(valid, validation, dev) or test (left out)")
+            part = _PARTS[said]
+            if part is None:
+                continue                      # a test image: never trained nor validated
         name, cls = cells[image], cells[label]
         rel = name if name in by_path or name in by_stem else os.path.normpath(name)
         if rel not in by_path and rel not in by_stem and "\\" in name:   # written on Windows
@@ -159,6 +191,8 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
                              f"{cls!r}); a classifier takes one class an image (data with "
                              "several labels an image is not supported)")
         rows[full] = cls
+        if parts is not None and part is not None:
+            parts[full] = part
     others = [m for m in missing if (root / m.replace("\\", "/")).is_file()]
     if others:
         from trainers.sources import _allowed
@@ -174,7 +208,7 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
         raise ValueError(f"{where} {table} names {len(missing)} image(s) that are not under "
                          f"{root} (e.g. {shown}; {len(by_path)} images lie there); give as "
                          f"trainer.data.path the folder its image names are relative to{hint}")
-    return list(rows.items())
+    return list(rows.items()), parts
 
 
 def _class_order(names: set[str]) -> list[str]:
@@ -198,29 +232,36 @@ def labelled_layout(spec: dict[str, Any]) -> tuple[list[str], list[tuple[str, in
         raise ValueError(f"the images' folder {root} {what}; give as path the folder the "
                          "labels file's image names are relative to")
     found = _images_under(root)
-    train = _named(Path(str(spec["labels"])), "labels file", root, spec, found)
-    if spec.get("val_labels"):
-        val = _named(Path(str(spec["val_labels"])), "val_labels file", root, spec, found)
+    train, parts = _named(Path(str(spec["labels"])), "labels file", root, spec, found)
+    val: list[tuple[str, str]] = []
+    if parts is not None and "val" in parts.values():    # the table's own split
+        if spec.get("val_labels") or spec.get("val_split") is not None:
+            given = "val_labels" if spec.get("val_labels") else "val_split"
+            raise ValueError(f"the labels file says each image's part (a split column with "
+                             f"val rows) and {given} says it again: drop {given}")
+        val = [(p, c) for p, c in train if parts[p] == "val"]
+        train = [(p, c) for p, c in train if parts[p] == "train"]
+    elif spec.get("val_labels"):
+        val, _ = _named(Path(str(spec["val_labels"])), "val_labels file", root, spec, found)
         both = {p for p, _ in train} & {p for p, _ in val}
         if both:
             raise ValueError(f"{len(both)} image(s) are in both the labels and the val_labels "
                              f"file (e.g. {sorted(both)[0]}); an image trains or validates")
     elif spec.get("val_split") is None:
         raise ValueError("a labels file needs val_split (0.1 holds out 10% of each class for "
-                         "validation) or val_labels (a CSV file of the validation images)")
-    else:
-        val = []
+                         "validation), val_labels (a CSV file of the validation images) or a "
+                         "split column with val rows")
     classes = _class_order({c for _, c in train})
     unknown = sorted({c for _, c in val} - set(classes))
     if unknown:
-        raise ValueError(f"the val_labels file has class(es) no training image has: "
+        raise ValueError(f"the validation images have class(es) no training image has: "
                          f"{', '.join(unknown[:_MAX_SHOWN])}; validation needs the training "
                          "classes")
     index = {c: i for i, c in enumerate(classes)}
     if len(classes) < 2:
         raise ValueError(f"the labels file gives every image one class ({classes[0]!r}); a "
                          "classifier needs at least 2")
-    if spec.get("val_labels"):
+    if val:
         return (classes, [(p, index[c]) for p, c in train], [(p, index[c]) for p, c in val])
     members: dict[str, list[str]] = {c: [] for c in classes}
     for p, c in train:
