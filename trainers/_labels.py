@@ -84,15 +84,20 @@ def _read_rows(path: Path, where: str) -> tuple[list[str], list[tuple[int, list[
     return header, body
 
 
+def _given(header: list[str], given: Any, key: str, where: str, path: Path) -> int:
+    """The index of the column the study file's ``key`` names (``given``)."""
+    if str(given) not in header:
+        raise ValueError(f"{key} {given!r} is not a column of {where} {path}; its columns: "
+                         f"{', '.join(header)}")
+    return header.index(str(given))
+
+
 def _column(header: list[str], given: Any, names: tuple[str, ...], what: str, key: str,
             where: str, path: Path, other: int | None = None) -> int:
     """The index of the column ``given`` names, else of the first whose name is one of
     ``names``, else the one column left of a two-column file (``other`` taken)."""
     if given:
-        if str(given) not in header:
-            raise ValueError(f"{key} {given!r} is not a column of {where} {path}; its "
-                             f"columns: {', '.join(header)}")
-        return header.index(str(given))
+        return _given(header, given, key, where, path)
     keys = [_key(h) for h in header]
     for name in names:
         if name in keys and keys.index(name) != other:
@@ -132,10 +137,7 @@ def _split_column(header: list[str], given: Any, where: str, path: Path,
     """The column that says each row's part of the data (``split_column``, else one named
     split, subset or partition), or None."""
     if given:
-        if str(given) not in header:
-            raise ValueError(f"split_column {given!r} is not a column of {where} {path}; its "
-                             f"columns: {', '.join(header)}")
-        return header.index(str(given))
+        return _given(header, given, "split_column", where, path)
     keys = [_key(h) for h in header]
     return next((i for i, k in enumerate(keys) if k in SPLIT_NAMES and i not in taken), None)
 
