@@ -29,26 +29,37 @@ DATA_KEYS = {"digits": ("kind", "image_size", "augment"),
              "synthetic": ("kind", "image_size", "num_classes", "train_images", "val_images"),
              "imagefolder": ("kind", "path", "image_size", "eval_size", "loader_workers",
                              "augment", "val_split", "labels", "val_labels", "image_column",
-                             "label_column", "split_column")}
+                             "label_column", "split_column"),
+             "examples": ("kind", "train_examples", "val_examples", "num_classes")}
 # The keys of an ImageFolder source that name a table of classes, or its columns.
 _LABEL_KEYS = ("labels", "val_labels", "image_column", "label_column", "split_column")
 # (low, high) of each whole-number key of trainer.data.
 _DATA_RANGES = {"image_size": (8, 4096), "eval_size": (8, 4096), "num_classes": (2, 100_000),
-                "train_images": (1, 10**9), "val_images": (1, 10**9), "loader_workers": (0, 64)}
+                "train_images": (1, 10**9), "val_images": (1, 10**9), "loader_workers": (0, 64),
+                "train_examples": (1, 10**12), "val_examples": (1, 10**12)}
 
 
-def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
+def _data_problems(data: dict[str, Any], own: bool) -> list[tuple[str, str]]:
     kind = data.get("kind", "digits")
     if kind not in DATA_KEYS:
         return [("trainer.data.kind", f"{kind!r} is not allowed; use digits, imagefolder "
-                 "(with path) or synthetic")]
+                 "(with path) or synthetic, or, for a script of your own that loads its data "
+                 "itself (text, tables, anything), examples (with train_examples)")]
+    if kind == "examples" and not own:
+        return [("trainer.data.kind", "examples describes data a script of your own loads "
+                 "itself (trainer.program: train.py); the bundled image classifier trains on "
+                 "digits, imagefolder (with path) or synthetic")]
     found = []
     unknown = sorted(set(map(str, data)) - set(DATA_KEYS[kind]))
     if unknown:
         near = [(k, difflib.get_close_matches(k.lower(), DATA_KEYS[kind], n=1, cutoff=0.7))
                 for k in unknown]
         said = "; ".join(f"did you mean {m[0]}?" for _, m in near if m)
-        if "path" in unknown and kind != "imagefolder":
+        if "path" in unknown and kind == "examples":
+            said = "; ".join(filter(None, [said, "your script opens its data itself: give it "
+                                           "the path as a Fixed parameter of its space, "
+                                           "declared in trainer.params"]))
+        elif "path" in unknown and kind != "imagefolder":
             said = "; ".join(filter(None, [said, "a folder of images is kind: imagefolder"]))
         found.append(("trainer.data", f"has unknown key(s) {', '.join(unknown)}"
                       + (f" ({said})" if said else "") + f"; {'an' if kind[0] in 'aeiou' else 'a'}"
@@ -80,6 +91,10 @@ def _data_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
         found.append(("trainer.data.labels", "takes one of val_split (0.1 holds out 10% of each "
                       "class for validation) and val_labels (a CSV file of the validation "
                       "images' classes), not both"))
+    if kind == "examples" and "train_examples" not in data:
+        found.append(("trainer.data.train_examples", "must be set when kind is examples: the "
+                      "number of examples (rows, sentences, images) one epoch of your script "
+                      "trains on, which autotune counts steps and epochs by"))
     if kind == "imagefolder" and not (isinstance(data.get("path"), str) and data["path"]):
         found.append(("trainer.data.path", "must name the ImageFolder root (with train/ and "
                       "val/, or class folders and val_split) when kind is imagefolder"))
@@ -196,7 +211,8 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(t.eval_every_steps >= 0, "trainer.eval_every_steps",
           f"must be 0 (off) or a positive number of steps, got {t.eval_every_steps}")
     check(t.eval_batch >= 1, "trainer.eval_batch", f"must be at least 1, got {t.eval_batch}")
-    check(t.num_classes >= 2, "trainer.num_classes", f"must be at least 2, got {t.num_classes}")
+    check(t.num_classes is None or t.num_classes >= 2, "trainer.num_classes",
+          f"must be at least 2, got {t.num_classes}")
     check(1 <= t.setup_limit_s <= 86400, "trainer.setup_limit_s",
           f"must be within [1, 86400] seconds, got {t.setup_limit_s}")
     check(math.isfinite(t.checkpoint_every_s), "trainer.checkpoint_every_s",
@@ -210,7 +226,7 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     check(cfg.trainer.precision in ("bf16", "fp32"), "trainer.precision",
           f"{cfg.trainer.precision!r} is not allowed; use bf16 or fp32")
     found.extend(_program_problems(cfg))
-    found.extend(_data_problems(cfg.trainer.data))
+    found.extend(_data_problems(cfg.trainer.data, own))
     if not found:
         models = _model_names()
         check(cfg.trainer.model in models, "trainer.model",

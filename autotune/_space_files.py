@@ -20,9 +20,9 @@ class DataInfo:
     data)``. Counted from the data before anything is written (an ImageFolder's files are
     counted, no image is decoded)."""
 
-    train_images: int
-    num_classes: int
-    image_size: int
+    train_images: int            # a script's own examples (kind examples): train_examples
+    num_classes: int | None      # None: examples of no stated classes
+    image_size: int | None       # None: examples, which are no images
     kind: str = "imagefolder"
 
 

@@ -26,7 +26,7 @@ from .config import (
     sqlite_tables,
 )
 from .errors import ConfigError, PlanError, SpaceError
-from .plan import Hardware, resolve
+from .plan import Hardware, examples_noun, resolve, too_few_to_split
 from .space import DataInfo, SearchSpace, check_space, load_space
 from .store import foreign_study
 
@@ -34,10 +34,10 @@ __all__ = ["check_experiment", "check_resumed_config", "checked_space", "prepare
 
 
 def _check_warm_starts(space: SearchSpace, cfg: StudyConfig, train_size: int) -> None:
-    if cfg.ranks_per_trial > train_size:    # no configuration trains: not the warm start's
-        raise ConfigError(f"ranks_per_trial {cfg.ranks_per_trial}: the {train_size} training "
-                          f"images cannot give each rank an image a step; run on at most "
-                          f"{train_size} ranks, or train on more images")
+    too_few = too_few_to_split(train_size, cfg.ranks_per_trial,     # no configuration
+                               examples_noun(cfg.trainer.data))     # trains: not the warm
+    if too_few:                                                     # start's fault
+        raise ConfigError(f"ranks_per_trial {cfg.ranks_per_trial}: {too_few}")
     hardware = Hardware(world_size=cfg.ranks_per_trial, device=cfg.device,
                         max_micro_batch=cfg.trainer.max_micro_batch)
     for point in space.warm_starts:
@@ -206,6 +206,7 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     number of training images; SpaceError or ConfigError at the first problem."""
     cfg = _absolute_data(cfg)
     from trainers.sources import (
+        Layout,
         constant_answer,
         image_size_of,
         num_classes,
@@ -213,25 +214,27 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
         train_size,
     )
 
+    layout: Layout | None = None
+    classes: int | None
     try:
         if cfg.trainer.data.get("kind") == "imagefolder":
             layout = read_layout(cfg.trainer.data)     # the tree listed once
             size, classes = len(layout.train), len(layout.classes)
         else:
-            layout, size, classes = None, train_size(cfg.trainer.data), num_classes(
-                cfg.trainer.data)
+            size, classes = train_size(cfg.trainer.data), num_classes(cfg.trainer.data)
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: trainer.data: {e}") from e
-    if cfg.target.metric == "top5" and classes <= 5:
+    if cfg.target.metric == "top5" and classes is not None and classes <= 5:
         raise ConfigError(f"{cfg.source}: target.metric top5 on data of {classes} classes: "
                           "the label is always among the top 5, so top-5 accuracy is 1 from "
                           "the first step; use metric: top1")
     if layout is not None:
         _check_target_above_counts(cfg, *constant_answer(
             layout, 5 if cfg.target.metric == "top5" else 1))
+    kind = str(cfg.trainer.data.get("kind", "digits"))
     data = DataInfo(train_images=size, num_classes=classes,
-                    image_size=image_size_of(cfg.trainer.data),
-                    kind=str(cfg.trainer.data.get("kind", "digits")))
+                    image_size=None if kind == "examples" else image_size_of(cfg.trainer.data),
+                    kind=kind)
     space = load_space(cfg.search_space, base_dir=cfg.base_dir, world_size=cfg.ranks_per_trial,
                        data=data)
     problems = [f"{space.source_file}: {p}" for p in check_space(space, own=cfg.trainer.params)]
@@ -259,8 +262,9 @@ def _check_weights(cfg: StudyConfig) -> None:
                              cfg.trainer.model)
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: trainer.{e}") from None
+    classes = cfg.trainer.num_classes or 10     # the bundled trainer's data always have some
     model = getattr(torchvision.models, cfg.trainer.model)(**model_kwargs(
-        cfg.trainer.model, cfg.trainer.num_classes, image_size_of(cfg.trainer.data)))
+        cfg.trainer.model, classes, image_size_of(cfg.trainer.data)))
     try:
         fit_weights(model, state, cfg.trainer.model)
     except ValueError as e:

@@ -195,11 +195,12 @@ def _add_db_upgrade(sub: Any) -> None:
 def _study_in_storage(p: argparse.ArgumentParser, optional: bool = False) -> None:
     """A command's study name and ``--storage`` (SQLite in the working directory by default);
     ``optional``: the name may be left out."""
-    if optional:
-        p.add_argument("study", nargs="?", default=None,
-                       help="study name (none: every study in the storage, a line each)")
-    else:
-        p.add_argument("study", help="study name")
+    p.add_argument("study", nargs="?", default=None,
+                   help="study name" + (" (none: every study in the storage, a line each)"
+                                        if optional else ""))
+    p.add_argument("--study", dest="study_flag", metavar="STUDY",
+                   help="the study name as a flag, as worker and ui take it")
+    p.set_defaults(study_required=not optional)
     from .config import DEFAULT_STORAGE
 
     p.add_argument("--storage", default=DEFAULT_STORAGE,
@@ -459,6 +460,21 @@ def _incomplete_command(argv: list[str]) -> str | None:
             f"{named} (add --help to see the options)")
 
 
+def _one_study_name(args: argparse.Namespace) -> str | None:
+    """The study named once, as a word or with --study (``args.study``), or what is wrong."""
+    if not hasattr(args, "study_flag"):
+        return None
+    word, flag = args.study, args.study_flag
+    if word is not None and flag is not None and word != flag:
+        return (f"two study names, {word!r} and --study {flag!r}; give one (see autotune "
+                f"{args.command} --help)")
+    args.study = word if word is not None else flag
+    if args.study is None and args.study_required:
+        return (f"which study? give its name: autotune {args.command} STUDY (see autotune "
+                f"{args.command} --help)")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = _join_two_word_commands(list(sys.argv[1:] if argv is None else argv))
     problem = _incomplete_command(args_list)
@@ -466,6 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"autotune: error: {problem}", file=sys.stderr)
         return 2
     args = _parser().parse_args(args_list)
+    problem = _one_study_name(args)
+    if problem is not None:
+        print(f"autotune: error: {problem}", file=sys.stderr)
+        return 2
     try:
         code: int = args.func(args)
     except AutotuneError as e:

@@ -58,7 +58,8 @@ class TrainerConfig:
                                             # study file), or imagenet (torchvision's, from
                                             # its cache), its classifier replaced where its
                                             # classes differ; "": from scratch
-    num_classes: int = 10
+    num_classes: int | None = 10           # from the data; None: a script's own examples
+                                            # of no stated classes (nothing is at chance)
     data: dict[str, Any] = field(default_factory=lambda: {"kind": "digits", "image_size": 32})
     max_micro_batch: int = 64               # images per rank per forward pass
     probe_micro_batch: bool = False         # lower that cap to what a short memory probe

@@ -232,6 +232,21 @@ def _image_sizes(p: Mapping[str, Any], epochs: int, model: str) -> tuple[list[in
                        ramp_end=float(p["res_ramp_end"]), mode=str(p["res_mode"])), eval_size
 
 
+def examples_noun(data: Mapping[str, Any] | None) -> str:
+    """What one training example of ``data`` (trainer.data) is called in messages."""
+    return "example" if isinstance(data, Mapping) and data.get("kind") == "examples" else "image"
+
+
+def too_few_to_split(train_size: int, ranks: int, noun: str = "image") -> str | None:
+    """Why ``train_size`` training examples cannot be split over ``ranks`` ranks (each needs
+    one a step), or None."""
+    if ranks <= train_size:
+        return None
+    return (f"the {train_size} training {noun}s cannot give each of {ranks} ranks "
+            f"{'an' if noun[0] in 'aeiou' else 'a'} {noun} a step; run on at most {train_size} "
+            f"ranks (ranks_per_trial), or train on more {noun}s")
+
+
 def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_size: int,
             hardware: Hardware, target: Mapping[str, Any], max_seconds: float,
             seed: int = 0) -> dict[str, Any]:
@@ -241,13 +256,13 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
     trainer = {**_trainer_defaults(), **trainer}   # one place for the defaults: TrainerConfig
     p = _params(sampled, trainer.get("params") or ())
     batch = int(p["global_batch"])
-    if hardware.world_size > train_size:
-        raise PlanError(f"the {train_size} training images cannot give each of "
-                        f"{hardware.world_size} ranks an image a step; run on at most "
-                        f"{train_size} ranks (ranks_per_trial), or train on more images")
+    noun = examples_noun(trainer.get("data"))
+    too_few = too_few_to_split(train_size, hardware.world_size, noun)
+    if too_few:
+        raise PlanError(too_few)
     micro, accum = split_batch(batch, hardware.world_size, hardware.max_micro_batch)
     if batch > train_size:
-        raise PlanError(f"global batch {batch} exceeds the {train_size} training images")
+        raise PlanError(f"global batch {batch} exceeds the {train_size} training {noun}s")
     steps_per_epoch = train_size // batch
     epochs = int(p["epochs"])
     total = epochs * steps_per_epoch
@@ -265,7 +280,8 @@ def resolve(sampled: Mapping[str, Any], *, trainer: Mapping[str, Any], train_siz
     return {
         "params": dict(sampled),
         "model": trainer["model"], "weights": str(trainer.get("weights") or ""),
-        "num_classes": int(trainer["num_classes"]),
+        "num_classes": (None if trainer.get("num_classes") is None
+                        else int(trainer["num_classes"])),
         "data": data, "augment": augment, "device": hardware.device,
         "threads_per_rank": hardware.threads_per_rank,
         "world_size": hardware.world_size, "global_batch": batch, "micro_batch": micro,

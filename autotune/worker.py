@@ -145,9 +145,11 @@ def _local_data(cfg: StudyConfig, data_path: str | None) -> tuple[StudyConfig, i
     started_at = data.get("path")
     if data_path is not None:
         if kind != "imagefolder":
+            made = ("its own script loads itself" if kind == "examples"
+                    else "its trainers make themselves")
             raise ConfigError(f"--data is for a study on an ImageFolder tree; study "
-                              f"{cfg.study_name!r} trains on {kind} data, which its trainers "
-                              "make themselves: leave --data out")
+                              f"{cfg.study_name!r} trains on {kind} data, which {made}: "
+                              "leave --data out")
         data["path"] = str(Path(data_path).expanduser().resolve())
         for key in ("labels", "val_labels"):   # a table not where it was moved with the tree
             if started_at and data.get(key) and not Path(data[key]).is_file():

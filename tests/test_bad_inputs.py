@@ -400,6 +400,12 @@ VERBS = {
     "db upgrade of a missing SQLite file": (["db", "upgrade", "--storage", "sqlite:///n.db"],
                                             "no database at"),
     "status of a missing database": (["status", "nosuch"], "no study database at"),
+    "status of a missing database, the study as a flag": (["status", "--study", "nosuch"],
+                                                          "no study database at"),
+    "status of two study names": (["status", "a", "--study", "b"],
+                                  "two study names, 'a' and --study 'b'; give one"),
+    "stop study of no study": (["stop", "study"], "which study? give its name: autotune stop "
+                                                  "study STUDY"),
     "status on a server without port": (["status", "x", "--storage", "autotune://h"],
                                         "must be HOST:PORT"),
     "status on a server that is down": (["status", "x", "--storage", "autotune://127.0.0.1:1"],

@@ -119,8 +119,14 @@ def test_more_ranks_than_images_is_said_as_such_for_any_space(tmp_path):
     with pytest.raises(ConfigError) as raised:
         _check_warm_starts(load_space("quickstart", world_size=32), cfg, 20)
     assert str(raised.value) == ("ranks_per_trial 32: the 20 training images cannot give each "
-                                 "rank an image a step; run on at most 20 ranks, or train on "
-                                 "more images")
+                                 "of 32 ranks an image a step; run on at most 20 ranks "
+                                 "(ranks_per_trial), or train on more images")
+    # a script's own examples (text, tables) are called so
+    with pytest.raises(PlanError, match="the 20 training examples cannot give each of 21 ranks "
+                                        "an example a step"):
+        resolve({"global_batch": 21, "lr_per_256": 0.1, "epochs": 2},
+                trainer={**TRAINER, "data": {"kind": "examples", "train_examples": 20}},
+                train_size=20, hardware=Hardware(world_size=21), target=TARGET, max_seconds=1)
 
 
 SCHED = {"warmup_steps": 4, "total_steps": 20, "warmup_start_factor": 0.0, "decay": "cosine"}

@@ -152,7 +152,7 @@ class Plan(TypedDict):
     params: dict[str, Any]      # the sampled point
     model: str                  # a torchvision classification model
     weights: str                # a state dict file the model starts from; "": from scratch
-    num_classes: int
+    num_classes: int | None     # None: a script's own examples of no stated classes
     data: dict[str, Any]        # the data source (trainer.data)
     augment: str                # none | flip | crop | crop_flip | imagenet
     device: str                 # cpu | cuda

@@ -757,6 +757,9 @@ def constant_answer(layout: Layout, k: int) -> tuple[float, list[str]]:
     return share, [layout.classes[i] for i in largest]
 
 
+_KINDS = "digits, imagefolder, synthetic, examples (a script of your own's data)"
+
+
 def train_size(spec: dict[str, Any]) -> int:
     """Number of training images of ``spec``, without decoding any."""
     kind = spec.get("kind", "digits")
@@ -766,7 +769,9 @@ def train_size(spec: dict[str, Any]) -> int:
         return int(spec.get("train_images", 512))
     if kind == "imagefolder":
         return len(read_layout(spec).train)
-    raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")
+    if kind == "examples":
+        return int(spec["train_examples"])
+    raise ValueError(f"unknown data kind {kind!r}; allowed: {_KINDS}")
 
 
 def image_size_default(spec: dict[str, Any]) -> int:
@@ -779,9 +784,12 @@ def image_size_of(spec: dict[str, Any]) -> int:
     return int(spec.get("image_size") or image_size_default(spec))
 
 
-def num_classes(spec: dict[str, Any]) -> int:
-    """Number of classes of ``spec``, without decoding any image."""
+def num_classes(spec: dict[str, Any]) -> int | None:
+    """Number of classes of ``spec``, without decoding any image; None for a script's own
+    examples whose study file gives none (then nothing is at chance)."""
     kind = spec.get("kind", "digits")
+    if kind == "examples":
+        return int(spec["num_classes"]) if spec.get("num_classes") else None
     if kind == "imagefolder" and spec.get("labels"):
         return len(read_layout(spec).classes)
     if kind == "imagefolder":
@@ -801,7 +809,10 @@ def open_source(spec: dict[str, Any], on_gpu: bool) -> Source:
         return Synthetic(spec, on_gpu)
     if kind == "imagefolder":
         return ImageFolderSource(spec, on_gpu)
-    raise ValueError(f"unknown data kind {kind!r}; allowed: digits, imagefolder, synthetic")
+    if kind == "examples":
+        raise ValueError("data of kind examples are loaded by a script of your own "
+                         "(trainer.program); the bundled trainer has no source for them")
+    raise ValueError(f"unknown data kind {kind!r}; allowed: {_KINDS}")
 
 
 _KEPT: dict[str, Source] = {}   # the source a process keeps across the trials of warm ranks

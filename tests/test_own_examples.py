@@ -1,0 +1,138 @@
+"""A script of the user's own on data that are not images (``trainer.data: {kind: examples,
+train_examples: N}``): the README's tabular example (examples/own_tabular, scikit-learn's
+breast-cancer table) tuned through the real launcher, what such a study makes of its classes,
+and what is refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.cli import main
+
+from .conftest import ROOT, run_cli
+
+EXAMPLE = ROOT / "examples" / "own_tabular"
+
+
+def example_copy(tmp_path: Path, data: dict | None = None, **study_keys) -> Path:
+    """The example's folder copied to ``tmp_path``, with ``data`` as its trainer.data."""
+    folder = tmp_path / "tabular"
+    shutil.copytree(EXAMPLE, folder)
+    study = yaml.safe_load((folder / "study.yaml").read_text())
+    if data is not None:
+        study["trainer"]["data"] = data
+    study.update(study_keys)
+    (folder / "study.yaml").write_text(yaml.safe_dump(study))
+    return folder
+
+
+def test_a_script_of_your_own_is_tuned_on_a_table_counted_as_examples(tmp_path):
+    folder = example_copy(tmp_path)
+    done = run_cli("start", "study", str(folder / "study.yaml"), "--n-trials", "3",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    trials = optuna.load_study(study_name="own_tabular",
+                               storage=f"sqlite:///{tmp_path / 'autotune.db'}").trials
+    assert len(trials) == 3
+    for trial in trials:
+        assert trial.user_attrs.get("outcome") in ("reached", "censored"), trial.user_attrs
+        assert trial.intermediate_values, f"trial {trial.number} never evaluated"
+        plan = json.loads((tmp_path / "autotune-runs" / "own_tabular" /
+                           f"trial-{trial.number}" / "plan.json").read_text())
+        # steps and epochs counted by the 455 rows the script trains on; 2 classes, chance 1/2
+        assert plan["train_size"] == 455 and plan["num_classes"] == 2
+        assert plan["steps_per_epoch"] == 455 // plan["global_batch"]
+        assert plan["params"]["width"] in (16, 64, 256)
+
+
+def test_examples_of_no_stated_classes_have_no_chance_level(tmp_path):
+    from autotune import config
+    from autotune._study_setup import checked_space
+    from autotune.modes import make_pruner
+
+    folder = example_copy(tmp_path, data={"kind": "examples", "train_examples": 455})
+    cfg, space, size = checked_space(config.load(str(folder / "study.yaml"), {}))
+    assert size == 455 and cfg.trainer.num_classes is None
+    assert make_pruner(cfg).rules.chance == 0.0        # the at-chance rules never fire
+    folder = example_copy(tmp_path / "two", data={"kind": "examples", "train_examples": 455,
+                                                  "num_classes": 2})
+    cfg, _, _ = checked_space(config.load(str(folder / "study.yaml"), {}))
+    assert make_pruner(cfg).rules.chance == 0.5
+
+
+def test_a_space_sizes_itself_to_the_examples(tmp_path):
+    from autotune import config
+    from autotune._study_setup import checked_space
+
+    folder = example_copy(tmp_path, data={"kind": "examples", "train_examples": 300})
+    (folder / "space.py").write_text('''
+from autotune import Float, Int, SearchSpace
+
+def space(world_size, data):
+    assert data.kind == "examples" and data.image_size is None and data.num_classes is None
+    return SearchSpace(Int("global_batch", 8, data.train_images // 2, step=2),
+                       Float("lr_per_256", 0.01, 1.0, log=True), Int("epochs", 2, 10),
+                       name="sized",
+                       world_size=world_size)
+''')
+    cfg, space, size = checked_space(config.load(str(folder / "study.yaml"), {}))
+    assert size == 300 and space.name == "sized"
+
+
+@pytest.mark.parametrize(("data", "program", "expected"), [
+    ({"kind": "examples", "train_examples": 455}, "image_classifier",
+     "trainer.data.kind examples describes data a script of your own loads itself"),
+    ({"kind": "examples", "num_classes": 2}, None,
+     "trainer.data.train_examples must be set when kind is examples"),
+    ({"kind": "examples", "train_examples": 0}, None,
+     "trainer.data.train_examples must be a whole number from 1 to"),
+    ({"kind": "examples", "train_examples": "455 rows"}, None,
+     "trainer.data.train_examples must be a whole number from 1 to"),
+    ({"kind": "examples", "train_examples": 455, "path": "data.csv"}, None,
+     "unknown key(s) path (your script opens its data itself: give it the path as a Fixed "
+     "parameter of its space, declared in trainer.params); an examples source takes kind, "
+     "train_examples, val_examples, num_classes"),
+    ({"kind": "examples", "train_examples": 455, "num_classes": 1}, None,
+     "trainer.data.num_classes must be a whole number from 2 to"),
+    ({"kind": "table", "train_examples": 455}, None,
+     "'table' is not allowed; use digits, imagefolder (with path) or synthetic, or, for a "
+     "script of your own that loads its data itself (text, tables, anything), examples"),
+    ({"kind": "examples", "train_examples": 1}, None,
+     "the 1 training examples cannot give each of 2 ranks an example a step"),
+])
+def test_examples_refused_in_one_line_before_anything_is_written(workdir, capsys, data,
+                                                                 program, expected):
+    folder = example_copy(workdir, data=data)
+    if program:
+        study = yaml.safe_load((folder / "study.yaml").read_text())
+        study["trainer"]["program"] = program
+        study["trainer"].pop("params")
+        study["search_space"] = "quickstart"
+        (folder / "study.yaml").write_text(yaml.safe_dump(study))
+    for command in (["space", "check"], ["start", "study"]):
+        code = main([*command, str(folder / "study.yaml")])
+        _, err = capsys.readouterr()
+        assert code == 2 and "Traceback" not in err
+        assert expected in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in workdir.iterdir()) == ["tabular"]      # nothing written
+
+
+def test_a_worker_is_told_examples_need_no_data_path(workdir, capsys):
+    folder = example_copy(workdir)
+    storage = f"sqlite:///{workdir / 'study.db'}"
+    code = main(["start", "study", str(folder / "study.yaml"), "--storage", storage,
+                 "--workers", "0", "--timeout", "1"])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    code = main(["worker", "--storage", storage, "--study", "own_tabular", "--data", "/data",
+                 "--allow-program", str(folder)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "trains on examples data, which its own script loads itself: leave --data out" in err
