@@ -136,6 +136,10 @@ def eval_reply(pruner: optuna.pruners.BasePruner, study: optuna.Study, trial: op
 
 
 # -- the end of a trial -------------------------------------------------------------------------
+# argparse's answer to the arguments autotune's launch gives a script of the user's own.
+_ARGUMENTS_REFUSED = re.compile(r"unrecognized arguments:.*--(plan|report-to|local_rank)\b")
+
+
 def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best: float,
              evals: int, stop_reason: str, loss: float | None = None) -> TrialResult:
     """The outcome of trial ``number`` from the trainer's end report (None: it sent none and
@@ -147,6 +151,11 @@ def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best
         said = ("trainer exited with code 0 without reporting its end (a script reports "
                 "through trainers.api: trial.start(), trial.report(), trial.end())"
                 if code == 0 else f"trainer exited with code {code}")
+        if _ARGUMENTS_REFUSED.search(tail):
+            said += (" (the script's own argument parser refuses the arguments each rank is "
+                     "launched with, --plan and --report-to for trainers.api and DeepSpeed's "
+                     "--local_rank: parse with parser.parse_known_args(), which leaves them "
+                     "to trainers.api)")
         return TrialResult(number, {}, "failed", why, best_metric=best, evals=evals,
                            detail=f"{said}: {tail}")
     reason = str(end["reason"])

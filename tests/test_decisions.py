@@ -148,6 +148,15 @@ def test_an_end_report_is_classified_by_its_reason():
     assert classify(1, None, -9, "killed", 0.5, 3, "").reason == "hung"
     crashed = classify(1, None, 1, "Traceback ...", 0.5, 3, "")
     assert crashed.outcome == "failed" and "Traceback" in crashed.detail
+    assert "parse_known_args" not in crashed.detail
+    # a script of the user's own whose argparse refuses the launch's arguments is told how
+    refused = classify(1, None, 2, "usage: train.py [-h] [--local_rank LOCAL_RANK] | train.py: "
+                       "error: unrecognized arguments: --plan /r/plan.json --report-to "
+                       "127.0.0.1:4000", 0.0, 0, "")
+    assert refused.reason == "crashed" and refused.detail.startswith(
+        "trainer exited with code 2 (the script's own argument parser refuses the arguments")
+    assert "parse with parser.parse_known_args()" in refused.detail
+    assert "unrecognized arguments: --plan" in refused.detail
     assert classify(1, {"reason": "diverged", "elapsed_s": 2.0}, 0, "", 0.1, 2,
                     "diverged").detail == "accuracy still at chance"
     # a trainer says how many steps it took: a tiny data set's few steps show in the line
