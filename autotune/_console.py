@@ -61,7 +61,8 @@ def budget_left(study: optuna.Study, n_trials: int | None) -> bool:
     if n_trials is None:
         return True
     trials = study.get_trials(deepcopy=False)
-    running = sum(t.state == TrialState.RUNNING for t in trials)
+    running = sum(t.state == TrialState.RUNNING and not record.asked_elsewhere(t)
+                  for t in trials)
     return len(record.finished(trials)) + running < n_trials
 
 

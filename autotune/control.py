@@ -225,7 +225,8 @@ def _sweep_orphans(registry: Registry, storage: Any, study_name: str, after_s: f
         return []
     running = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
     recorded = registry.attempt_numbers(study_name) if running else set()
-    waiting = [t for t in running if t.number not in recorded]
+    waiting = [t for t in running if t.number not in recorded
+               and not record.asked_elsewhere(t)]          # another client's: left to it
     now, local = clock(), datetime.now()
     old = []
     with _ORPHANS_LOCK:

@@ -19,16 +19,19 @@ from typing import Any, NamedTuple
 
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["OUTCOME", "STOP_REASON", "DETAIL", "PARAMS", "CURVE", "ELAPSED", "BEST_METRIC",
-           "TTA", "LINEAGE", "CHECKPOINT", "CHECKPOINT_ELAPSED", "RESUME_FROM", "RESUME_OF",
+__all__ = ["ASKED_BY", "OUTCOME", "STOP_REASON", "DETAIL", "PARAMS", "CURVE", "ELAPSED",
+           "BEST_METRIC", "TTA", "LINEAGE", "CHECKPOINT", "CHECKPOINT_ELAPSED", "RESUME_FROM",
+           "RESUME_OF",
            "RESUME_ELAPSED", "INTERRUPTED_AT", "DOWNTIME", "RUN_KEY", "WARM_START",
            "SETUP_PHASES", "AUGMENT", "SETUP_S", "HOSTS", "TRAINER_PID", "RANKS_TRIAL",
            "LOST_WORKER", "LOST_RUN_KEY", "STUDY_CONFIG", "STUDY_SPACE", "STUDY_STOP",
            "STUDY_UID", "STUDY_VERSION", "RESUMED_REASONS",
            "CurveRow", "curve_rows", "last_loss", "finished", "reached", "best_reached",
+           "asked_elsewhere", "told_elsewhere",
            "resumption", "stored_trial", "MODEL", "stale_models"]
 
 # -- keys of a trial's user attributes ----------------------------------------------------------
+ASKED_BY = "asked_by"                # the autotune worker that asked for it (its first write)
 OUTCOME = "outcome"                  # reached | censored | failed | infeasible
 STOP_REASON = "stop_reason"          # reached, bound, projection, rung, follows_miss, oom, ...
 DETAIL = "detail"                    # what went wrong, in words (failures)
@@ -105,6 +108,20 @@ def told_elsewhere(trial: FrozenTrial) -> bool:
     no time to accuracy and it trained nothing of this study's."""
     return trial.state.is_finished() and OUTCOME not in trial.user_attrs \
         and PARAMS not in trial.user_attrs
+
+
+# What only autotune writes on a trial: asked for by a worker, or queued by autotune (a
+# resumption, a warm start, a lost worker's trial).
+_AUTOTUNE_MARKS = (ASKED_BY, PARAMS, OUTCOME, LINEAGE, RESUME_FROM, WARM_START, LOST_WORKER)
+
+
+def asked_elsewhere(trial: FrozenTrial) -> bool:
+    """Whether a running trial was asked by another Optuna client (a notebook's
+    ``study.optimize`` still in its objective): it holds none of autotune's records, which an
+    autotune worker writes first thing (``ASKED_BY``). Such a trial is left to its client: not
+    counted, nor given up when no attempt of it is on record."""
+    return trial.state == TrialState.RUNNING and not any(
+        key in trial.user_attrs for key in _AUTOTUNE_MARKS)
 
 
 def finished(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:

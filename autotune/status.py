@@ -70,7 +70,8 @@ def _study_line(name: str, study: optuna.Study) -> dict[str, Any]:
     best, halted = record.best_reached(trials), stop_requested(study)
     return {"study": name, "trials": len(trials), "not_autotune": None,
             "reached": len(record.reached(trials)),
-            "running": sum(t.state.name == "RUNNING" for t in trials),
+            "running": sum(t.state.name == "RUNNING" and not record.asked_elsewhere(t)
+                           for t in trials),
             "best_trial": None if best is None else best.number,
             "best_tta_s": None if best is None else float(best.value or 0.0),
             "stopped": None if halted is None else describe(halted)}
@@ -112,8 +113,8 @@ def _trial_row(t: optuna.trial.FrozenTrial, foreign: bool, on_record: dict[int, 
     """One trial as ``status`` shows it: its state, outcome and reason, its elapsed seconds
     (finished) or seconds on (running), and its configuration."""
     outcome = t.user_attrs.get(record.OUTCOME) or None
-    if not foreign and record.told_elsewhere(t):   # a notebook's study.tell(), say
-        outcome = "elsewhere"
+    if not foreign and (record.told_elsewhere(t) or record.asked_elsewhere(t)):
+        outcome = "elsewhere"                        # a notebook's study.optimize, say
     row: dict[str, Any] = {"number": t.number, "state": t.state.name, "outcome": outcome,
                            "reason": t.user_attrs.get(record.STOP_REASON) or None}
     if t.state.name == "RUNNING":
@@ -187,8 +188,9 @@ def show(study_name: str, storage: str, echo: Callable[[str], None] = print,
         echo(f"{r['number']:>5}  {r['state']:8}  {r['outcome'] or '':10}  "
              f"{r['reason'] or '':14}  {value:>9}  {params}")
     if snap["elsewhere"]:
-        echo(f"elsewhere: {snap['elsewhere']} trial(s) asked and told by another Optuna client "
-             "(a notebook's study.tell, say): no time to accuracy, not counted in the budget")
+        echo(f"elsewhere: {snap['elsewhere']} trial(s) asked (and told, or still running) by "
+             "another Optuna client (a notebook's study.optimize, say): no time to accuracy, "
+             "not counted in the budget, never given up by autotune")
     if snap["workers"]:
         echo("workers:")
         for w in snap["workers"]:

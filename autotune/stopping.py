@@ -66,7 +66,8 @@ def request_stop(study_name: str, storage: str, now: bool,
         return 0
     study.set_user_attr(record.STUDY_STOP, request)
     running = [t.number for t in study.get_trials(deepcopy=False,
-                                                  states=(optuna.trial.TrialState.RUNNING,))]
+                                                  states=(optuna.trial.TrialState.RUNNING,))
+               if not record.asked_elsewhere(t)]                # a notebook's: not ours
     what = ("running trials save a checkpoint and stop (each is queued to resume)" if now
             else "running trials train to their end")
     echo(f"study {study_name!r} in {redact(storage)}: stop requested; its workers start no new "

@@ -181,8 +181,8 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
         if cfg.budget.n_trials is not None and len(ended) >= cfg.budget.n_trials:
             return None
         halted = stop_requested(study)
-        if halted is not None and not study.get_trials(deepcopy=False,
-                                                       states=(TrialState.RUNNING,)):
+        if halted is not None and not [t for t in study.get_trials(
+                deepcopy=False, states=(TrialState.RUNNING,)) if not record.asked_elsewhere(t)]:
             echo(f"study {cfg.study_name!r} was {describe(halted)}; the same command resumes "
                  "it")
             return None

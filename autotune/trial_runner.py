@@ -28,6 +28,7 @@ from ._ops import ensure_cpu_ops
 from ._preflight import probe_micro_batch
 from ._reports import HeldWrites, Limits, Pruning, ReportHandler
 from .config import StudyConfig
+from .control import worker_name
 from .decisions import TrialResult, classify, tell
 from .errors import AutotuneError, PlanError, SpaceError, is_disk_full
 from .launch import read_hostfile, trainer_env
@@ -61,6 +62,7 @@ class TrialRunner:
         across the nodes of a DeepSpeed hostfile (launched over ssh from this machine)."""
         self.cfg, self.space, self.train_size = cfg, space, train_size
         self.run_dir, self.stop_at, self.storage = run_dir, stop_at, storage
+        self.asker = str(getattr(session, "name", "") or worker_name())
         self.hostfile, self.ranks_per_node = hostfile, ranks_per_node
         world = cfg.ranks_per_trial
         if hostfile is not None:
@@ -159,6 +161,7 @@ class TrialRunner:
         raised = 0
         for _ in range(MAX_INFEASIBLE):
             trial = study.ask()
+            trial.set_user_attr(record.ASKED_BY, self.asker)   # autotune's, not a notebook's
             try:
                 params = self.space.sample(trial)
             except (InfeasiblePoint, SpaceCodeError) as e:

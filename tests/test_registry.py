@@ -15,8 +15,12 @@ from autotune.db import Registry, Worker, current, head, utcnow
 
 
 def make_study(url):
+    """A study with one running trial, as an autotune worker asks it (its first record)."""
+    from autotune import record
+
     study = optuna.create_study(study_name="s", storage=url, direction="minimize")
     trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr(record.ASKED_BY, "w")
     return study, trial
 
 
@@ -330,14 +334,18 @@ def test_a_worker_whose_clock_runs_behind_is_not_given_up_while_it_beats(postgre
     registry.close()
 
 
-def take_trial(study, skew_s):
+def take_trial(study, skew_s, by="w"):
     """A RUNNING trial as a worker whose clock is ``skew_s`` off this machine's takes it
-    (Optuna stamps its start with the taking machine's clock)."""
+    (Optuna stamps its start with the taking machine's clock): an autotune worker ``by``'s,
+    or (``by`` None) another Optuna client's, which holds none of autotune's records."""
     from optuna.trial import FrozenTrial, TrialState
+
+    from autotune import record
 
     template = FrozenTrial(number=0, state=TrialState.RUNNING, value=None,
                            datetime_start=datetime.now() + timedelta(seconds=skew_s),
-                           datetime_complete=None, params={}, distributions={}, user_attrs={},
+                           datetime_complete=None, params={}, distributions={},
+                           user_attrs={record.ASKED_BY: by} if by else {},
                            system_attrs={}, intermediate_values={}, trial_id=0)
     return study._storage.create_new_trial(study._study_id, template_trial=template)
 
@@ -389,6 +397,40 @@ def test_a_trial_left_running_long_ago_is_swept_at_once(tmp_path):
     number = {t._trial_id: t.number for t in study.trials}
     assert control._sweep_orphans(registry, study._storage, "s", 60.0) == [number[old]]
     assert study.trials[number[new]].state.name == "RUNNING"
+    registry.close()
+
+
+def test_a_trial_another_optuna_client_is_running_is_never_swept(tmp_path):
+    # a notebook's study.optimize on an autotune study, its objective running for minutes:
+    # the sweep took its trial for a lost autotune trial, failed it under the notebook (whose
+    # tell then raised) and queued its parameters for autotune's workers to train
+    from autotune import control, record
+    from autotune._console import budget_left
+
+    clock = [1000.0]
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    registry = Registry(url)
+    notebook = optuna.load_study(study_name="s", storage=url).ask()   # Optuna's own ask
+    old_notebook = take_trial(study, -2 * 3600.0, by=None)
+    ours = take_trial(study, 0.0)
+    number = {t._trial_id: t.number for t in study.trials}
+    running = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    assert [record.asked_elsewhere(t) for t in running] == [True, True, False]
+    assert budget_left(study, 2)            # the notebook's two trials use none of it
+
+    def sweep():
+        return control._sweep_orphans(registry, study._storage, "s", 60.0,
+                                      clock=lambda: clock[0])
+
+    assert sweep() == []
+    clock[0] += 61.0
+    assert sweep() == [number[ours]]                     # autotune's own, lost: queued
+    notebook_trial = optuna.load_study(study_name="s", storage=url)
+    notebook_trial.tell(notebook, 0.5)                   # the notebook tells it, as ever
+    states = {t.number: t.state.name for t in study.trials}
+    assert states[notebook.number] == "COMPLETE" and states[number[old_notebook]] == "RUNNING"
+    assert [t.params for t in study.trials if t.state.name == "WAITING"] == [{}]
     registry.close()
 
 

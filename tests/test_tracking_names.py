@@ -102,15 +102,19 @@ def test_trials_another_optuna_client_told_are_not_counted_and_are_named_in_stat
     other.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     failing = other.ask()
     other.tell(failing, state=optuna.trial.TrialState.FAIL)
+    other.ask({"x": optuna.distributions.FloatDistribution(0, 1)})   # its objective runs
     trials = stored.get_trials()
-    assert [record.told_elsewhere(t) for t in trials] == [False] * 4 + [True] * 3
+    assert [record.told_elsewhere(t) for t in trials] == [False] * 4 + [True] * 3 + [False]
+    assert [record.asked_elsewhere(t) for t in trials] == [False] * 7 + [True]
     assert len(record.finished(trials)) == 4 and budget_left(stored, 5)
     said: list[str] = []
     show("s", url, said.append)
     row = next(line.split() for line in said if line.split()[:1] == ["4"])
     assert row[1:3] == ["COMPLETE", "elsewhere"] and row[3].startswith("x="), row  # no seconds
-    assert any(line.startswith("elsewhere: 3 trial(s) asked and told by another Optuna client")
-               for line in said), said
+    running = next(line.split() for line in said if line.split()[:1] == ["7"])
+    assert running[1:3] == ["RUNNING", "elsewhere"], running
+    assert any(line.startswith("elsewhere: 4 trial(s) asked (and told, or still running) by "
+                               "another Optuna client") for line in said), said
 
 
 def test_status_prints_one_json_object_for_scripts(tmp_path):
