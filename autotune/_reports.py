@@ -10,7 +10,8 @@ trial's setup and training ``Limits``; tests feed it scripted ones.
 
 The rules it applies, in order, to an evaluation: record it (the curve row, the intermediate
 value, the elapsed time); with the store reachable, ask the pruner (``decisions.eval_reply``),
-else go on with the last deadline; a trial the registry gave up is stopped (``worker_lost``);
+else go on with the last deadline; a trial the registry gave up is stopped (``worker_lost``),
+as is one another Optuna client ended (``ended_elsewhere``);
 one that goes on and has trained ``checkpoint_every_s`` since its last checkpoint is asked to
 save one and go on; every deadline is capped at the study's time limit.
 """
@@ -46,14 +47,17 @@ Listener = Callable[[str, dict[str, Any]], None]
 class HeldWrites:
     """A trial's writes to the study store, in order, held while the store is out of reach (a
     restarting study server or database) and delivered when it is back; the trainer goes on
-    meanwhile. ``patience(seconds)`` bounds each delivery; ``given_up`` turns true when the
-    store says the trial was ended elsewhere (the registry gave its worker up)."""
+    meanwhile. ``patience(seconds)`` bounds each delivery; ``given_up`` says why once the
+    store says the trial was ended elsewhere (``ended_by``: the registry gave its worker up,
+    or another Optuna client ended it)."""
 
     def __init__(self, patience: Callable[[float | None], Any], number: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 ended_by: Callable[[], str] = lambda: "worker_lost") -> None:
         self._patience, self._number, self._clock = patience, number, clock
+        self._ended_by = ended_by
         self.pending: list[Callable[[], Any]] = []
-        self.given_up = False
+        self.given_up = ""     # why it was ended elsewhere (record.ended_by); "": it was not
         self._retry_at = 0.0
 
     def add(self, *writes: Callable[[], Any]) -> None:
@@ -74,11 +78,14 @@ class HeldWrites:
             self._retry_at = self._clock() + STORE_RETRY_S
             return False
         except optuna.exceptions.UpdateFinishedTrialError:
-            # Failed and queued to resume elsewhere while this worker looked lost: its records
-            # end here; the trainer is stopped at its next report.
-            log.warning("trial %d was given up by the registry; stopping it here", self._number)
+            # Failed and queued to resume elsewhere while this worker looked lost, or ended by
+            # another Optuna client: its records end here; the trainer is stopped at its next
+            # report.
+            self.given_up = self._ended_by()
+            log.warning("trial %d %s; stopping it here", self._number,
+                        "was given up by the registry" if self.given_up == "worker_lost" else
+                        "was ended by another Optuna client (optuna-dashboard, a study.tell)")
             self.pending.clear()
-            self.given_up = True
             return True
 
 
@@ -141,7 +148,7 @@ class ReportHandler:
         else:   # the study store is away: no decision without it; go on
             reply = protocol.go(self.deadline)
         if self.writes.given_up:
-            reply = protocol.stop("worker_lost", self.deadline)
+            reply = protocol.stop(self.writes.given_up, self.deadline)
         self.deadline = reply["deadline_s"]
         self.stop_reason = reply["reason"] or self.stop_reason
         elapsed = float(msg["elapsed_s"])

@@ -27,7 +27,7 @@ __all__ = ["ASKED_BY", "OUTCOME", "STOP_REASON", "DETAIL", "PARAMS", "CURVE", "E
            "LOST_WORKER", "LOST_RUN_KEY", "STUDY_CONFIG", "STUDY_SPACE", "STUDY_STOP",
            "STUDY_UID", "STUDY_VERSION", "RESUMED_REASONS",
            "CurveRow", "curve_rows", "last_loss", "finished", "reached", "best_reached",
-           "asked_elsewhere", "told_elsewhere",
+           "asked_elsewhere", "ended_by", "ended_elsewhere", "told_elsewhere",
            "resumption", "stored_trial", "MODEL", "stale_models"]
 
 # -- keys of a trial's user attributes ----------------------------------------------------------
@@ -122,6 +122,23 @@ def asked_elsewhere(trial: FrozenTrial) -> bool:
     counted, nor given up when no attempt of it is on record."""
     return trial.state == TrialState.RUNNING and not any(
         key in trial.user_attrs for key in _AUTOTUNE_MARKS)
+
+
+def ended_by(trial: FrozenTrial) -> str:
+    """Why an autotune trial its worker still trains is finished in the store: the registry
+    gave its worker up (``worker_lost``: failed and queued to resume elsewhere) or another
+    Optuna client ended it (``ended_elsewhere``: optuna-dashboard's Fail or Complete button,
+    a notebook's ``study.tell``), which is left as that client said."""
+    return "worker_lost" if trial.user_attrs.get(STOP_REASON) == "worker_lost" \
+        else "ended_elsewhere"
+
+
+def ended_elsewhere(trial: FrozenTrial) -> bool:
+    """Whether an autotune trial was ended by another Optuna client while it trained: it is
+    finished, autotune asked for it, and it holds no outcome (autotune writes one before the
+    state whenever it ends a trial)."""
+    return trial.state.is_finished() and OUTCOME not in trial.user_attrs and (
+        ASKED_BY in trial.user_attrs or PARAMS in trial.user_attrs)
 
 
 def finished(trials: Iterable[FrozenTrial]) -> list[FrozenTrial]:

@@ -115,8 +115,10 @@ def _trial_row(t: optuna.trial.FrozenTrial, foreign: bool, on_record: dict[int, 
     outcome = t.user_attrs.get(record.OUTCOME) or None
     if not foreign and (record.told_elsewhere(t) or record.asked_elsewhere(t)):
         outcome = "elsewhere"                        # a notebook's study.optimize, say
+    reason = t.user_attrs.get(record.STOP_REASON) or (
+        "ended_elsewhere" if not foreign and record.ended_elsewhere(t) else None)
     row: dict[str, Any] = {"number": t.number, "state": t.state.name, "outcome": outcome,
-                           "reason": t.user_attrs.get(record.STOP_REASON) or None}
+                           "reason": reason}
     if t.state.name == "RUNNING":
         seconds = on_record.get(t.number)
         if seconds is None:     # no attempt on record: Optuna's stamp

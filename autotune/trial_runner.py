@@ -245,9 +245,13 @@ class TrialRunner:
             state = record.stored_trial(study, trial).state
             if state == TrialState.RUNNING:
                 raise
+            stored = record.stored_trial(study, trial)
             log.warning("trial %d had already ended (%s) when its result came: %s",
                         trial.number, state.name, e)
-            result.detail = f"given up while this worker was out of reach: {result.detail}"
+            result.detail = ("given up while this worker was out of reach"
+                             if record.ended_by(stored) == "worker_lost" else
+                             f"ended by another Optuna client ({state.name}) while it trained"
+                             ) + (f": {result.detail}" if result.detail else "")
             return False
 
     def _run(self, study: optuna.Study, trial: optuna.Trial,
@@ -291,7 +295,8 @@ class TrialRunner:
         # report (the first step), so a slow setup never eats a trial's training time.
         limits = Limits(float(self.cfg.trainer.setup_limit_s), plan["max_seconds"] * 2 + 60)
         asked: list[bool] = []
-        writes = HeldWrites(self._patience, trial.number)
+        writes = HeldWrites(self._patience, trial.number, ended_by=lambda: record.ended_by(
+            record.stored_trial(study, trial)))
         pruning = Pruning(self.pruner, study, trial, self._patience, self.stop_at)
         handler = ReportHandler(
             trial, writes, metric=self.cfg.target.metric, planned_epochs=plan["epochs"],

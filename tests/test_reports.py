@@ -106,6 +106,32 @@ def test_a_trial_given_up_by_the_registry_is_stopped_as_worker_lost():
     assert handler.writes.given_up and not handler.writes.pending
 
 
+def test_a_trial_another_optuna_client_ended_is_stopped_as_ended_elsewhere():
+    # optuna-dashboard's Fail button on a trial a worker trains: it was said to be given up by
+    # the registry, stopped as worker_lost, and so shown
+    trial, store = Trial(), Store()
+    handler = _handler(trial, store)
+    handler.writes = HeldWrites(store.patience, trial.number, clock=lambda: store.now,
+                                ended_by=lambda: "ended_elsewhere")
+    assert handler.answer(_eval(0, 5.0, 0.3))["action"] == "continue"
+    trial.ended = True
+    assert handler.answer(_eval(1, 10.0, 0.4)) == protocol.stop("ended_elsewhere", 30.0)
+    assert handler.writes.given_up == "ended_elsewhere"
+
+
+def test_who_ended_a_trial_is_read_off_its_record():
+    from optuna.trial import TrialState, create_trial
+
+    lost = create_trial(state=TrialState.FAIL, user_attrs={
+        record.ASKED_BY: "w", record.OUTCOME: "failed", record.STOP_REASON: "worker_lost"})
+    clicked = create_trial(state=TrialState.FAIL, user_attrs={record.ASKED_BY: "w",
+                                                              record.PARAMS: {"x": 1}})
+    notebook = create_trial(state=TrialState.COMPLETE, value=1.0)
+    assert record.ended_by(lost) == "worker_lost" and not record.ended_elsewhere(lost)
+    assert record.ended_by(clicked) == "ended_elsewhere" and record.ended_elsewhere(clicked)
+    assert not record.ended_elsewhere(notebook) and record.told_elsewhere(notebook)
+
+
 def test_a_checkpoint_is_asked_for_every_checkpoint_every_s_of_training():
     trial, store, heard = Trial(**{record.RESUME_ELAPSED: 4.0}), Store(), []
     handler = _handler(trial, store, every=10.0, heard=heard)
