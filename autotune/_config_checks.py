@@ -83,10 +83,13 @@ def _data_problems(data: dict[str, Any], own: bool) -> list[tuple[str, str]]:
         if key in data and not (isinstance(data[key], str) and data[key].strip()):
             what = "a column's name" if "column" in key else "the path of a CSV file"
             found.append((f"trainer.data.{key}", f"must be {what}, got {data[key]!r}"))
-    given = [k for k in _LABEL_KEYS[1:] if k in data]
-    if given and "labels" not in data:
+    given = [k for k in _LABEL_KEYS[2:] if k in data]
+    if given and "labels" not in data and "val_labels" not in data:
         found.append(("trainer.data", f"has {', '.join(given)} without labels (the CSV file of "
-                      "the training images' classes)"))
+                      "the training images' classes) or val_labels (the validation images')"))
+    if "val_labels" in data and "labels" not in data and "val_split" in data:
+        found.append(("trainer.data.val_labels", "gives the validation images' classes, and "
+                      "val_split holds some training images out for it again: drop one"))
     if "labels" in data and "val_split" in data and "val_labels" in data:
         found.append(("trainer.data.labels", "takes one of val_split (0.1 holds out 10% of each "
                       "class for validation) and val_labels (a CSV file of the validation "

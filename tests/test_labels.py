@@ -199,11 +199,72 @@ def test_a_table_that_is_no_csv_text_is_named_as_what_it_is(tmp_path):
         read_layout(_spec(tmp_path, labels=str(tmp_path / "gone.csv"), val_split=0.3))
 
 
+def _kaggle_imagenet(tmp_path: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """ImageNet as Kaggle gives it: ``ILSVRC/Data/CLS-LOC/train/<wnid>/*.JPEG``, the
+    validation images loose in ``val/``, and ``LOC_val_solution.csv`` of ImageId and
+    PredictionString (each box a class and 4 corners, a trailing space); the validation
+    images' ids and classes (CLASSES as wnids)."""
+    root = tmp_path / "ILSVRC" / "Data" / "CLS-LOC"
+    wnid = {c: f"n0{1440764 + 1000 * i}" for i, c in enumerate(CLASSES)}
+    for name, c in _images(root / "train" / "all", per_class=4):
+        (root / "train" / wnid[c]).mkdir(exist_ok=True)
+        (root / "train" / "all" / f"{name}.jpg").rename(root / "train" / wnid[c] /
+                                                       f"{wnid[c]}_{name}.JPEG")
+    (root / "train" / "all").rmdir()
+    rows = []
+    for k, (name, c) in enumerate(_images(root / "val", per_class=2)):
+        val_name = f"ILSVRC2012_val_{k:08d}"
+        (root / "val" / f"{name}.jpg").rename(root / "val" / f"{val_name}.JPEG")
+        boxes = " ".join(f"{wnid[c]} {3 + b} {4 + b} {20 + b} {21 + b}" for b in range(1 + k % 2))
+        rows.append((val_name, boxes + " "))
+    _table(tmp_path / "LOC_val_solution.csv", ["ImageId", "PredictionString"], rows)
+    return root, [(n, b.split()[0]) for n, b in rows]
+
+
+def test_imagenet_as_kaggle_gives_it_class_folders_and_a_table_of_boxes(tmp_path):
+    # train/ in class folders, val/ loose with a table whose class cell holds detection boxes:
+    # "val/ holds 6 images but no class folders" was all autotune said
+    root, val_rows = _kaggle_imagenet(tmp_path)
+    table = tmp_path / "LOC_val_solution.csv"
+    plain = {"kind": "imagefolder", "path": str(root), "image_size": 16, "loader_workers": 0}
+    with pytest.raises(ValueError, match="give val_labels: the CSV file of their classes"):
+        read_layout(plain)
+    spec = {**plain, "val_labels": str(table)}
+    layout = read_layout(spec)
+    assert layout.classes == sorted(f"n0{1440764 + 1000 * i}" for i in range(3))
+    assert len(layout.train) == 12 and len(layout.val) == 6 and num_classes(spec) == 3
+    assert sorted((Path(p).stem, layout.classes[i]) for p, i in layout.val) == sorted(val_rows)
+    # names written from the root (val/ILSVRC2012_val_....) are found as well
+    rows = [(f"val/{n}", f"{c} 1 2 3 4") for n, c in val_rows]
+    from_root = _table(tmp_path / "from_root.csv", ["ImageId", "PredictionString"], rows)
+    assert len(read_layout({**plain, "val_labels": str(from_root)}).val) == 6
+    # a class name of words and a number ("grade 1") is no box: kept whole, so unknown here
+    graded = _table(tmp_path / "graded.csv", ["image", "label"],
+                    [(n, "grade 1") for n, _ in val_rows])
+    with pytest.raises(ValueError, match="class.*that are no folder of .*train: grade 1"):
+        read_layout({**plain, "val_labels": str(graded)})
+    # boxes of two classes on one image: several labels, refused
+    mixed = _table(tmp_path / "mixed.csv", ["ImageId", "PredictionString"],
+                   [(val_rows[0][0], "n01440764 1 2 3 4 n01441764 5 6 7 8")])
+    with pytest.raises(ValueError, match="has boxes of 2 classes .*several labels an image"):
+        read_layout({**plain, "val_labels": str(mixed)})
+    # without train/, there are no class folders to train from
+    with pytest.raises(ValueError, match="val_labels without labels reads the training images "
+                                         "from class folders"):
+        read_layout({**plain, "path": str(root / "val"), "val_labels": str(table)})
+    # and a study file takes it as it is
+    (tmp_path / "study.yaml").write_text(
+        f"trainer: {{data: {{kind: imagefolder, path: {root}, val_labels: {table}}}}}\n")
+    assert config.load(str(tmp_path / "study.yaml")).trainer.data["val_labels"] == str(table)
+
+
 @pytest.mark.parametrize("data, message", [
     ("labels: t.csv, val_split: 0.1, val_labels: v.csv",
      "trainer.data.labels takes one of val_split .* and val_labels .*, not both"),
     ("labels: t.csv, val_split: 0.1, split_column: ''", "split_column must be a column's name"),
-    ("val_labels: v.csv, val_split: 0.1", "has val_labels without labels"),
+    ("val_labels: v.csv, val_split: 0.1", "val_labels gives the validation images' classes, "
+                                          "and val_split holds some .* again: drop one"),
+    ("split_column: s", "has split_column without labels .* or val_labels"),
     ("labels: t.csv, val_split: 0.1, label_column: 3", "label_column must be a column's name"),
     ("labels: '', val_split: 0.1", "labels must be the path of a CSV file, got ''"),
 ])

@@ -5,8 +5,11 @@ rows, as Kaggle's and many labelling tools' data sets come (``train/*.jpg`` and
 ``spec`` keys: ``path`` (the folder the images lie under), ``labels`` (the CSV file),
 ``val_labels`` (a second one for validation; else ``val_split`` holds out a share of each
 class, or the table's own split column says each row's part: train, val or test, the test
-rows left out), ``image_column``, ``label_column`` and ``split_column`` (else found by their
-names, or the two columns of a two-column file). A row names an image by its path under
+rows left out; ``val_labels`` without ``labels``: the training images are in class folders,
+``path/train/<class>/*``, and the validation images in ``path/val/``, as Kaggle's ImageNet
+comes), ``image_column``, ``label_column`` and ``split_column`` (else found by their names,
+or the two columns of a two-column file). A class cell of detection boxes, each a class and
+its 4 corners (``n01751748 111 82 342 240``), is that class. A row names an image by its path under
 ``path``, with or without its ending (``0a1b2c`` for ``0a1b2c.jpg``). Every problem is a
 one-line ValueError that says what is wrong and what is allowed.
 """
@@ -176,6 +179,13 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
             if part is None:
                 continue                      # a test image: never trained nor validated
         name, cls = cells[image], cells[label]
+        boxed = _box_classes(cls)
+        if boxed is not None and len(boxed) > 1:
+            raise ValueError(f"{where} {table}, line {line}: {name!r} has boxes of "
+                             f"{len(boxed)} classes ({', '.join(sorted(boxed)[:_MAX_SHOWN])}); "
+                             "a classifier takes one class an image (data with several "
+                             "labels an image is not supported)")
+        cls = cls if boxed is None else boxed.pop()
         rel = name if name in by_path or name in by_stem else os.path.normpath(name)
         if rel not in by_path and rel not in by_stem and "\\" in name:   # written on Windows
             rel = os.path.normpath(name.replace("\\", "/"))
@@ -213,12 +223,73 @@ def _named(table: Path, where: str, root: Path, spec: dict[str, Any],
     return list(rows.items()), parts
 
 
+def _number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _box_classes(cell: str) -> set[str] | None:
+    """The classes of a cell that holds detection boxes, each a class and its 4 corners
+    (``n01751748 111 82 342 240 n01751748 9 12 40 80``, as Kaggle's ImageNet tables give an
+    image's class), or None for any other cell (a class name, spaces and all)."""
+    tokens = cell.split()
+    if len(tokens) < 5 or len(tokens) % 5:
+        return None
+    if any(_number(t) == (i % 5 == 0) for i, t in enumerate(tokens)):
+        return None
+    return set(tokens[::5])
+
+
 def _class_order(names: set[str]) -> list[str]:
     """The classes in label order: numerically where every name is a whole number (class 2
     before class 10), else alphabetically, as ImageFolder sorts its folders."""
     if all(n.lstrip("-").isdigit() for n in names):
         return sorted(names, key=int)
     return sorted(names)
+
+
+def _folders_and_table(root: Path, spec: dict[str, Any]
+                       ) -> tuple[list[str], list[tuple[str, int]], list[tuple[str, int]]]:
+    """Training images in class folders (``root/train/<class>/*``) and validation images in
+    one folder (``root/val/``, else ``root``) whose classes the ``val_labels`` table gives, as
+    Kaggle's ImageNet comes (``ILSVRC/Data/CLS-LOC`` and ``LOC_val_solution.csv``)."""
+    from trainers.sources import _class_folders, _images, _val_folder
+
+    if not (root / "train").is_dir():
+        raise ValueError(f"val_labels without labels reads the training images from class "
+                         f"folders, {root}/train/<class>/*, and {root}/train is not there; give "
+                         "labels (the CSV file of the training images' classes) too")
+    classes = _class_folders(root / "train")
+    if len(classes) < 2:
+        raise ValueError(f"{root}/train holds {len(classes)} class folder(s); a classifier "
+                         "needs at least 2")
+    train = [(p, i) for i, c in enumerate(classes) for p in _images(root / "train" / c)]
+    empty = [c for i, c in enumerate(classes) if not any(j == i for _, j in train)]
+    if empty:
+        raise ValueError(f"{root}/train: {len(empty)} class folder(s) hold no images "
+                         f"({', '.join(empty[:_MAX_SHOWN])})")
+    val_root = _val_folder(root) or root
+    table = Path(str(spec["val_labels"]))
+    by_path, by_stem = _images_under(val_root)
+    if val_root != root:      # names written from the root (val/x.JPEG) are found too
+        prefix = val_root.name + os.sep
+        by_path.update({prefix + k: v for k, v in list(by_path.items())})
+        by_stem.update({prefix + k: v for k, v in list(by_stem.items())})
+    named, _ = _named(table, "val_labels file", val_root, spec, (by_path, by_stem))
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = sorted({c for _, c in named} - set(index))
+    if unknown:
+        raise ValueError(f"val_labels file {table} gives class(es) that are no folder of "
+                         f"{root}/train: {', '.join(unknown[:_MAX_SHOWN])}; its classes are "
+                         "the training folders' names")
+    inside = {p for p, _ in train} & {p for p, _ in named}
+    if inside:
+        raise ValueError(f"{len(inside)} image(s) of the val_labels file lie in {root}/train "
+                         f"(e.g. {sorted(inside)[0]}); an image trains or validates")
+    return classes, train, [(p, index[c]) for p, c in named]
 
 
 def labelled_layout(spec: dict[str, Any]) -> tuple[list[str], list[tuple[str, int]],
@@ -233,6 +304,8 @@ def labelled_layout(spec: dict[str, Any]) -> tuple[list[str], list[tuple[str, in
         what = "is not a folder" if root.exists() else "does not exist"
         raise ValueError(f"the images' folder {root} {what}; give as path the folder the "
                          "labels file's image names are relative to")
+    if not spec.get("labels"):
+        return _folders_and_table(root, spec)
     found = _images_under(root)
     train, parts = _named(Path(str(spec["labels"])), "labels file", root, spec, found)
     val: list[tuple[str, str]] = []

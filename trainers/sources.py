@@ -590,9 +590,10 @@ def read_layout(spec: dict[str, Any]) -> Layout:
     ``validation/``) with the same class folders; or, with ``val_split``, ``path/<class>/*``
     (or ``path/train/<class>/*`` alone), each class's ``val_split`` share held out for
     validation (:func:`_held_out`). At least 2 classes, images in every one. With ``labels``
-    (a CSV file of image and class), the images under ``path`` that it names, in its classes
-    (:mod:`trainers._labels`)."""
-    if spec.get("labels"):
+    (a CSV file of image and class), the images under ``path`` that it names, in its classes;
+    with ``val_labels`` alone, ``path/train/<class>/*`` and the images of ``path/val/`` that
+    it names, as Kaggle's ImageNet comes (:mod:`trainers._labels`)."""
+    if spec.get("labels") or spec.get("val_labels"):
         from trainers._labels import labelled_layout
 
         return Layout(*labelled_layout(spec))
@@ -645,9 +646,10 @@ def read_layout(spec: dict[str, Any]) -> Layout:
         loose = [n for n in os.listdir(val_dir) if _is_image(n)] if not classes else []
         if train_classes and loose:
             raise ValueError(f"ImageFolder {root}: {val_dir.name}/ holds {len(loose)} images "
-                             "but no class folders (as ImageNet's validation set comes); move "
-                             f"each into {val_dir.name}/<class>/ by its label, with the class "
-                             "folder names of train/, or drop "
+                             "but no class folders (as ImageNet's validation set comes); give "
+                             "val_labels: the CSV file of their classes (image, class; "
+                             "Kaggle's LOC_val_solution.csv), or move each into "
+                             f"{val_dir.name}/<class>/ by its label, or drop "
                              f"{val_dir.name}/ and add val_split: 0.1 to trainer.data")
         if train_classes != classes:
             only_train = sorted(set(train_classes) - set(classes))
@@ -790,7 +792,7 @@ def num_classes(spec: dict[str, Any]) -> int | None:
     kind = spec.get("kind", "digits")
     if kind == "examples":
         return int(spec["num_classes"]) if spec.get("num_classes") else None
-    if kind == "imagefolder" and spec.get("labels"):
+    if kind == "imagefolder" and (spec.get("labels") or spec.get("val_labels")):
         return len(read_layout(spec).classes)
     if kind == "imagefolder":
         return len(_class_folders(_class_root(Path(str(spec["path"])), spec.get("val_split"))))
