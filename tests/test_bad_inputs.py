@@ -98,7 +98,8 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
                                    "only in train/: b; only in val/: c"),
     "imagefolder flat val (as ImageNet's comes)": (
         "trainer: {data: {kind: imagefolder, path: flatval}}\n",
-        "val/ holds 3 images but no class folders (as ImageNet's validation set comes); move"),
+        "val/ holds 3 images but no class folders (as ImageNet's validation set comes); give "
+        "val_labels"),
     "imagefolder empty val class": ("trainer: {data: {kind: imagefolder, path: emptyval}}\n",
                                     "val: 1 class folder(s) hold no images (b)"),
     "imagefolder empty train class": (

@@ -34,13 +34,13 @@ def example_copy(tmp_path: Path, data: dict | None = None, **study_keys) -> Path
 
 def test_a_script_of_your_own_is_tuned_on_a_table_counted_as_examples(tmp_path):
     folder = example_copy(tmp_path)
-    done = run_cli("start", "study", str(folder / "study.yaml"), "--n-trials", "3",
+    done = run_cli("start", "study", str(folder / "study.yaml"), "--n-trials", "2",
                    cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     trials = optuna.load_study(study_name="own_tabular",
                                storage=f"sqlite:///{tmp_path / 'autotune.db'}").trials
-    assert len(trials) == 3
+    assert len(trials) == 2
     for trial in trials:
         assert trial.user_attrs.get("outcome") in ("reached", "censored"), trial.user_attrs
         assert trial.intermediate_values, f"trial {trial.number} never evaluated"
