@@ -208,6 +208,10 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
           f"must be 0 (off) or positive, got {cfg.trainer.checkpoint_every_s}")
     check(cfg.trainer.max_micro_batch >= 1, "trainer.max_micro_batch",
           f"must be at least 1, got {cfg.trainer.max_micro_batch}")
+    check(not cfg.trainer.probe_micro_batch or is_bundled(cfg.trainer.program),
+          "trainer.probe_micro_batch", "measures the bundled image classifier's model on "
+          "images, not a script of your own's: set trainer.max_micro_batch to what your "
+          "script's step fits on one device, and drop probe_micro_batch")
     t = cfg.trainer
     check(0 <= t.eval_every_s < math.inf, "trainer.eval_every_s",
           f"must be 0 (off) or a positive number of seconds, got {t.eval_every_s}")

@@ -106,11 +106,18 @@ def space(world_size, data):
      "script of your own that loads its data itself (text, tables, anything), examples"),
     ({"kind": "examples", "train_examples": 1}, None,
      "the 1 training examples cannot give each of 2 ranks an example a step"),
+    ({"kind": "examples", "train_examples": 455}, "probe",
+     "trainer.probe_micro_batch measures the bundled image classifier's model on images, not "
+     "a script of your own's"),
 ])
 def test_examples_refused_in_one_line_before_anything_is_written(workdir, capsys, data,
                                                                  program, expected):
     folder = example_copy(workdir, data=data)
-    if program:
+    if program == "probe":
+        study = yaml.safe_load((folder / "study.yaml").read_text())
+        study["trainer"]["probe_micro_batch"] = True
+        (folder / "study.yaml").write_text(yaml.safe_dump(study))
+    elif program:
         study = yaml.safe_load((folder / "study.yaml").read_text())
         study["trainer"]["program"] = program
         study["trainer"].pop("params")
