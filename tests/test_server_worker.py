@@ -189,7 +189,8 @@ def test_a_worker_without_study_joins_the_only_one_and_names_them_when_there_are
         study = optuna.create_study(study_name=name, storage=url)
         study.set_user_attr(record.STUDY_SPACE, space.to_dict())
         study.set_user_attr(record.STUDY_CONFIG, {**cfg.public_dict(), "study_name": name})
-        study.add_trial(optuna.trial.create_trial(value=1.0))  # its budget is spent
+        study.add_trial(optuna.trial.create_trial(     # its budget is spent, by an autotune
+            value=1.0, user_attrs={record.OUTCOME: "censored"}))  # trial (not a notebook's)
         if name == "digits-a":
             assert main(["worker", "--storage", url]) == 0
             out = capsys.readouterr().out

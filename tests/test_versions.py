@@ -34,7 +34,8 @@ def started(tmp_path: Path) -> Path:
     study.set_user_attr(record.STUDY_SPACE, space.to_dict())
     study.set_user_attr(record.STUDY_VERSION, __version__)
     study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
+    study.add_trial(optuna.trial.create_trial(      # an autotune trial's record, not a notebook's
+        state=optuna.trial.TrialState.FAIL, user_attrs={record.OUTCOME: "failed"}))
     return tmp_path
 
 

@@ -43,7 +43,8 @@ def started(tmp_path: Path) -> Path:
     study = optuna.create_study(study_name="far", storage=f"sqlite:///{tmp_path / 's.db'}")
     study.set_user_attr(record.STUDY_SPACE, space.to_dict())
     study.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
+    study.add_trial(optuna.trial.create_trial(      # an autotune trial's record, not a notebook's
+        state=optuna.trial.TrialState.FAIL, user_attrs={record.OUTCOME: "failed"}))
     # on the worker's machine the tree is mounted elsewhere
     shutil.move(tmp_path / "here" / "images", tmp_path / "mnt-images")
     return tmp_path
