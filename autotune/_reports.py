@@ -140,7 +140,7 @@ class ReportHandler:
         self.evals += 1
         value = float(msg[self.metric])
         self.best = max(self.best, value) if math.isfinite(value) else self.best
-        self.curve.append(curve_row(msg, self.planned_epochs))
+        self.curve.append(curve_row(msg, self.planned_epochs, self.metric))
         self.writes.add(*eval_writes(self.trial, msg, self.metric, self.curve))
         self._tell("eval", msg)
         if self.writes.flush(0):

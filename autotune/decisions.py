@@ -83,11 +83,19 @@ def _number_or_none(value: Any) -> float | None:
 
 
 # -- an evaluation report -----------------------------------------------------------------------
-def curve_row(msg: dict[str, Any], planned_epochs: float) -> list[Any]:
+def metric_slot(metric: str) -> str:
+    """The curve row's slot a target metric is stored in: ``top5``'s own, else ``top1``'s
+    (a script's own metric, such as ``accuracy`` or ``f1``, takes top-1's place)."""
+    return "top5" if metric == "top5" else "top1"
+
+
+def curve_row(msg: dict[str, Any], planned_epochs: float, metric: str = "top1") -> list[Any]:
     """The stored row of an evaluation: ``[elapsed_s, top1, top5, progress, loss]``, progress
     being the share of the planned schedule done (epochs done / planned epochs), and the
-    gradient noise scale after them when the trainer measured one."""
-    row = [round(float(msg["elapsed_s"]), 3), _number_or_none(msg.get("top1")),
+    gradient noise scale after them when the trainer measured one. A target ``metric`` other
+    than top1 and top5 (a script's own) is stored in top-1's place (``metric_slot``)."""
+    first = msg.get("top1") if metric in ("top1", "top5") else msg.get(metric)
+    row = [round(float(msg["elapsed_s"]), 3), _number_or_none(first),
            _number_or_none(msg.get("top5")),
            round(float(msg["epoch"]) / planned_epochs, 4), _finite_or_none(msg.get("loss"))]
     noise = _finite_or_none(msg.get("noise_scale"))

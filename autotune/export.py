@@ -63,9 +63,12 @@ def _scalar(value: Any) -> bool:
 
 
 def curves(trials: Iterable[FrozenTrial], num_classes: int | None = None,
-           every: bool = False) -> tuple[list[dict[str, Any]], dict[str, int]]:
+           every: bool = False, metric: str = "top1"
+           ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The opda rows of ``trials`` (pure: no store), and the count of finished trials left
-    out, by how they ended."""
+    out, by how they ended. A study's own target ``metric`` (a script's ``accuracy``, say),
+    stored in top-1's place, is written under its own name, which ``--metric`` reads."""
+    first = "top_1" if metric in ("top1", "top5") else metric
     trials = list(trials)
     by_number = {t.number: t for t in trials}
     rows: list[dict[str, Any]] = []
@@ -86,7 +89,7 @@ def curves(trials: Iterable[FrozenTrial], num_classes: int | None = None,
             row["num_classes"] = num_classes
         row["learning_curve"] = [
             {"time": r.elapsed_s, "epoch": r.progress * epochs - 1.0,
-             **{key: value for key, value in (("top_1", r.top1), ("top_5", r.top5),
+             **{key: value for key, value in ((first, r.top1), ("top_5", r.top5),
                                                ("loss", r.loss)) if _number(value) is not None}}
             for r in curve if _number(r.top1) is not None or _number(r.top5) is not None]
         if not row["learning_curve"]:
@@ -114,8 +117,11 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
     config = study.user_attrs.get(record.STUDY_CONFIG) or {}
     trainer = config.get("trainer") if isinstance(config, dict) else None
     classes = trainer.get("num_classes") if isinstance(trainer, dict) else None
+    target = config.get("target") if isinstance(config, dict) else None
+    metric = str(target.get("metric") or "top1") if isinstance(target, dict) else "top1"
     rows, left = curves(study.get_trials(deepcopy=False),
-                        classes if isinstance(classes, int) and classes >= 2 else None, every)
+                        classes if isinstance(classes, int) and classes >= 2 else None, every,
+                        metric)
     if not rows:
         if every:
             raise ConfigError(f"study {study_name!r} has no trial with an evaluation to "
@@ -135,7 +141,6 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
         partial.unlink(missing_ok=True)
         raise ConfigError(f"cannot write --out {out}: {e.strerror or e}; give a file in a "
                           "folder you can write to") from None
-    target = config.get("target") if isinstance(config, dict) else None
     at = (f" --target {target['value']} --metric {target.get('metric', 'top1')}"
           if isinstance(target, dict) and "value" in target else "")
     echo(f"wrote {len(rows)} trial curve(s) of study {study_name!r} to {out}"

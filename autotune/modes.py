@@ -23,10 +23,13 @@ __all__ = ["MODES", "Mode", "make_pruner", "make_sampler", "mode_of"]
 
 
 def _tta_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
+    from .decisions import metric_slot
     from .pruners import TimeToAccuracyPruner
 
-    return TimeToAccuracyPruner(cfg.target.value, metric=cfg.target.metric,
-                                num_classes=cfg.trainer.num_classes, margin=cfg.pruner_margin)
+    metric = cfg.target.metric      # a script's own metric: its chance level is not known
+    return TimeToAccuracyPruner(cfg.target.value, metric=metric_slot(metric),
+                                num_classes=cfg.trainer.num_classes if metric in (
+                                    "top1", "top5") else None, margin=cfg.pruner_margin)
 
 
 def _median_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:

@@ -20,7 +20,7 @@ import optuna  # noqa: E402
 from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 
 from . import record  # noqa: E402
-from .decisions import elapsed_of  # noqa: E402
+from .decisions import elapsed_of, metric_slot  # noqa: E402
 
 __all__ = ["learning_curve", "study_plots"]
 
@@ -33,7 +33,8 @@ def learning_curve(rows: Sequence[Sequence[Any]], metric: str, target: float, ti
     where the rows carry it."""
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     times = [r[0] for r in rows]
-    ax.plot(times, [r[_INDEX[metric]] for r in rows], marker="o", label=f"validation {metric}")
+    ax.plot(times, [r[_INDEX[metric_slot(metric)]] for r in rows], marker="o",
+            label=f"validation {metric}")
     ax.axhline(target, color="tab:red", linestyle="--", label=f"target {target:g}")
     ax.set_xlabel("elapsed seconds (training + evaluation)")
     ax.set_ylabel(metric)
@@ -132,7 +133,7 @@ def _overlay(trials: Sequence[FrozenTrial], metric: str, target: float, path: Pa
         rows = t.user_attrs.get(record.CURVE) or []
         if rows:
             outcome = t.user_attrs.get(record.OUTCOME)
-            ax.plot([r[0] for r in rows], [r[_INDEX[metric]] for r in rows],
+            ax.plot([r[0] for r in rows], [r[_INDEX[metric_slot(metric)]] for r in rows],
                     color="tab:green" if outcome == "reached" else "tab:gray",
                     alpha=0.9 if outcome == "reached" else 0.5, linewidth=1.2)
     ax.axhline(target, color="tab:red", linestyle="--", label=f"target {target:g}")

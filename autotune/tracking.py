@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,8 @@ KIND_TAG = "autotune.kind"
 STUDY_KEY = "study"
 EVAL_METRICS = ("top1", "top5", "loss", "lr", "images_per_s", "elapsed_s", "epoch", "samples",
                 "image_size", "noise_scale")
+# The keys of an evaluation report that are no metric of the model's.
+_NOT_METRICS = ("type", "index", "step", "reached")
 
 
 def connect(uri: str) -> Any:
@@ -217,7 +220,12 @@ class Tracker:
                         "autotune.ranks_trial": str(report.get("served", 1))})
 
     def log_eval(self, key: str, report: Mapping[str, Any]) -> None:
-        self._log(key, metrics={k: report[k] for k in EVAL_METRICS if k in report},
+        """An evaluation's metrics: autotune's (``EVAL_METRICS``) and every other number a
+        script of the user's own reported with them (its own target metric, an F1 score)."""
+        own = {k: v for k, v in report.items() if k not in _NOT_METRICS
+               and isinstance(v, int | float) and not isinstance(v, bool)
+               and math.isfinite(v) and re.fullmatch(r"[A-Za-z0-9_.\-/ ]{1,250}", str(k))}
+        self._log(key, metrics={**own, **{k: report[k] for k in EVAL_METRICS if k in report}},
                   step=int(report["index"]))
 
     def end_trial(self, key: str, *, state: str, outcome: str, reason: str,

@@ -33,23 +33,40 @@ def example_copy(tmp_path: Path, data: dict | None = None, **study_keys) -> Path
 
 
 def test_a_script_of_your_own_is_tuned_on_a_table_counted_as_examples(tmp_path):
-    folder = example_copy(tmp_path)
+    # the script reports its own target metric, `accuracy`: a name the study file allowed,
+    # but the pruner, the learning-curve plot and MLflow knew only top1 and top5 (a traceback)
+    folder = example_copy(tmp_path, target={"metric": "accuracy", "value": 0.97})
+    script = folder / "train.py"
+    script.write_text(script.read_text().replace("trial.report(top1=", "trial.report(accuracy="))
     done = run_cli("start", "study", str(folder / "study.yaml"), "--n-trials", "2",
                    cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
-    trials = optuna.load_study(study_name="own_tabular",
-                               storage=f"sqlite:///{tmp_path / 'autotune.db'}").trials
+    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    trials = optuna.load_study(study_name="own_tabular", storage=storage).trials
     assert len(trials) == 2
     for trial in trials:
         assert trial.user_attrs.get("outcome") in ("reached", "censored"), trial.user_attrs
         assert trial.intermediate_values, f"trial {trial.number} never evaluated"
+        curve = trial.user_attrs["curve"]
+        assert all(0 <= row[1] <= 1 for row in curve)          # accuracy, in top-1's place
         plan = json.loads((tmp_path / "autotune-runs" / "own_tabular" /
                            f"trial-{trial.number}" / "plan.json").read_text())
-        # steps and epochs counted by the 455 rows the script trains on; 2 classes, chance 1/2
+        # steps and epochs counted by the 455 rows the script trains on
         assert plan["train_size"] == 455 and plan["num_classes"] == 2
         assert plan["steps_per_epoch"] == 455 // plan["global_batch"]
         assert plan["params"]["width"] in (16, 64, 256)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("own_tabular")
+    runs = [r for r in client.search_runs([experiment.experiment_id])
+            if r.info.run_name.startswith("trial-")]
+    assert runs and all("accuracy" in r.data.metrics for r in runs)
+    exported = run_cli("export", "curves", "own_tabular", "--all", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    rows = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert rows and all("accuracy" in e for r in rows for e in r["learning_curve"])
 
 
 def test_examples_of_no_stated_classes_have_no_chance_level(tmp_path):
@@ -65,6 +82,22 @@ def test_examples_of_no_stated_classes_have_no_chance_level(tmp_path):
                                                   "num_classes": 2})
     cfg, _, _ = checked_space(config.load(str(folder / "study.yaml"), {}))
     assert make_pruner(cfg).rules.chance == 0.5
+
+
+def test_a_scripts_own_target_metric_takes_top1s_place_with_no_chance_level(tmp_path):
+    from autotune import config
+    from autotune._study_setup import checked_space
+    from autotune.decisions import curve_row
+    from autotune.modes import make_pruner
+
+    folder = example_copy(tmp_path, target={"metric": "f1", "value": 0.9})
+    cfg, _, _ = checked_space(config.load(str(folder / "study.yaml"), {}))
+    pruner = make_pruner(cfg)
+    assert pruner.metric == "top1" and pruner.rules.chance == 0.0   # F1's chance: unknown
+    row = curve_row({"elapsed_s": 2.0, "f1": 0.8, "top1": 0.95, "epoch": 1}, 4, "f1")
+    assert row[:4] == [2.0, 0.8, None, 0.25]
+    assert curve_row({"elapsed_s": 2.0, "top1": 0.95, "top5": 0.99, "epoch": 1}, 4,
+                     "top5")[1:3] == [0.95, 0.99]
 
 
 def test_a_space_sizes_itself_to_the_examples(tmp_path):
