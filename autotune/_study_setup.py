@@ -228,9 +228,9 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
         raise ConfigError(f"{cfg.source}: target.metric top5 on data of {classes} classes: "
                           "the label is always among the top 5, so top-5 accuracy is 1 from "
                           "the first step; use metric: top1")
-    if layout is not None:
-        _check_target_above_counts(cfg, *constant_answer(
-            layout, 5 if cfg.target.metric == "top5" else 1))
+    if layout is not None and cfg.target.metric in ("top1", "top5"):  # a script's own metric
+        _check_target_above_counts(cfg, *constant_answer(                # (an F1) scores a
+            layout, 5 if cfg.target.metric == "top5" else 1))            # constant otherwise
     kind = str(cfg.trainer.data.get("kind", "digits"))
     data = DataInfo(train_images=size, num_classes=classes,
                     image_size=None if kind == "examples" else image_size_of(cfg.trainer.data),
