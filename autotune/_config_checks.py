@@ -30,13 +30,13 @@ DATA_KEYS = {"digits": ("kind", "image_size", "augment"),
              "imagefolder": ("kind", "path", "image_size", "eval_size", "loader_workers",
                              "augment", "val_split", "labels", "val_labels", "image_column",
                              "label_column", "split_column"),
-             "examples": ("kind", "train_examples", "val_examples", "num_classes")}
+             "examples": ("kind", "train_examples", "num_classes")}
 # The keys of an ImageFolder source that name a table of classes, or its columns.
 _LABEL_KEYS = ("labels", "val_labels", "image_column", "label_column", "split_column")
 # (low, high) of each whole-number key of trainer.data.
 _DATA_RANGES = {"image_size": (8, 4096), "eval_size": (8, 4096), "num_classes": (2, 100_000),
                 "train_images": (1, 10**9), "val_images": (1, 10**9), "loader_workers": (0, 64),
-                "train_examples": (1, 10**12), "val_examples": (1, 10**12)}
+                "train_examples": (1, 10**12)}
 
 
 def _data_problems(data: dict[str, Any], own: bool) -> list[tuple[str, str]]:

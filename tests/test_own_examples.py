@@ -131,7 +131,7 @@ def space(world_size, data):
     ({"kind": "examples", "train_examples": 455, "path": "data.csv"}, None,
      "unknown key(s) path (your script opens its data itself: give it the path as a Fixed "
      "parameter of its space, declared in trainer.params); an examples source takes kind, "
-     "train_examples, val_examples, num_classes"),
+     "train_examples, num_classes"),
     ({"kind": "examples", "train_examples": 455, "num_classes": 1}, None,
      "trainer.data.num_classes must be a whole number from 2 to"),
     ({"kind": "table", "train_examples": 455}, None,
