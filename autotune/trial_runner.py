@@ -203,6 +203,11 @@ class TrialRunner:
                 raise
             with contextlib.suppress(Exception):
                 self._emit("aborted", trial)
+            with contextlib.suppress(Exception):   # autotune's own end, not another client's
+                trial.set_user_attr(record.OUTCOME, "failed")
+                trial.set_user_attr(record.STOP_REASON, "aborted")
+                trial.set_user_attr(record.DETAIL, f"the worker stopped with the trial "
+                                    f"unfinished ({type(e).__name__})")
             with contextlib.suppress(Exception):
                 study.tell(trial, state=TrialState.FAIL)
             if isinstance(e, KeyboardInterrupt):

@@ -174,6 +174,8 @@ def test_ctrl_c_or_sigterm_to_start_study_ends_its_trial_and_leaves_nothing_runn
     if len(signals) == 2:                  # at once: the trial failed, nothing to resume
         assert "marked failed" in last
         assert trials and trials[-1].state.name == "FAIL"
+        # autotune's own end, told as such (not a trial another client ended)
+        assert trials[-1].user_attrs.get("stop_reason") == "aborted", trials[-1].user_attrs
         return
     assert "saved a checkpoint it resumes from" in last
     interrupted, queued = trials[-2], trials[-1]
