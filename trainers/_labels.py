@@ -266,8 +266,9 @@ def _folders_and_table(root: Path, spec: dict[str, Any]
     if len(classes) < 2:
         raise ValueError(f"{root}/train holds {len(classes)} class folder(s); a classifier "
                          "needs at least 2")
-    train = [(p, i) for i, c in enumerate(classes) for p in _images(root / "train" / c)]
-    empty = [c for i, c in enumerate(classes) if not any(j == i for _, j in train)]
+    lists = [_images(root / "train" / c) for c in classes]
+    train = [(p, i) for i, files in enumerate(lists) for p in files]
+    empty = [c for c, files in zip(classes, lists, strict=True) if not files]
     if empty:
         raise ValueError(f"{root}/train: {len(empty)} class folder(s) hold no images "
                          f"({', '.join(empty[:_MAX_SHOWN])})")
