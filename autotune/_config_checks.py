@@ -165,6 +165,17 @@ def _closest_models(name: str, models: Any) -> str:
     return "use for example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16"
 
 
+# Names of metrics that fall as training goes on: a target on one needs mode min.
+_FALLING = re.compile(r"(^|_)(loss|error|err|perplexity|ppl|wer|cer|mse|mae|rmse|fid|nll)($|_)",
+                      re.IGNORECASE)
+
+
+def falling_name(metric: str) -> bool:
+    """Whether ``metric`` is named as a metric that falls (a loss, an error rate, WER,
+    perplexity, FID): its target needs ``mode: min``."""
+    return bool(_FALLING.search(metric))
+
+
 def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     """(key, problem) for every invalid value of ``cfg``."""
     b, found = cfg.budget, []
@@ -179,14 +190,29 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     from .programs import is_bundled
 
     own = not is_bundled(cfg.trainer.program)
-    check(cfg.target.metric in _METRICS or (own and bool(NAME.fullmatch(cfg.target.metric))),
-          "target.metric", f"{cfg.target.metric!r} is not allowed; use one of "
-          f"{', '.join(_METRICS)} (a script of your own may report any other name it gives "
-          "trial.report)")
-    check(0.0 < cfg.target.value <= 1.0, "target.value",
-          f"{cfg.target.value} is outside (0, 1]"
-          + ("; give the accuracy as a share of 1 (0.7 for 70%)"
-             if 1.0 < cfg.target.value < math.inf else ""))
+    metric = cfg.target.metric
+    check(metric in _METRICS or (own and bool(NAME.fullmatch(metric)))
+          or (metric == "loss" and cfg.target.mode == "min"),
+          "target.metric", f"{metric!r} is not allowed; use one of "
+          f"{', '.join(_METRICS)}, or loss with mode: min (a script of your own may report any "
+          "other name it gives trial.report)")
+    check(cfg.target.mode != "max" or not falling_name(metric), "target.mode",
+          f"{metric} is a metric that falls; give mode: min (reached at or below the value)")
+    check(cfg.target.mode in ("max", "min"), "target.mode",
+          f"{cfg.target.mode!r} is not allowed; use max (an accuracy, reached at or above the "
+          "value) or min (a metric that falls, such as a loss, reached at or below it)")
+    check(not (cfg.target.mode == "min" and cfg.target.metric in _METRICS), "target.mode",
+          f"min is for a metric that falls (a loss); {cfg.target.metric} is an accuracy, which "
+          "rises: leave mode out (max)")
+    if cfg.target.mode == "min":
+        check(0.0 < cfg.target.value < math.inf, "target.value",
+              f"{cfg.target.value} must be above 0 for a metric that falls (mode: min): the "
+              "loss, error rate or perplexity to get down to")
+    else:
+        check(0.0 < cfg.target.value <= 1.0, "target.value",
+              f"{cfg.target.value} is outside (0, 1]"
+              + ("; give the accuracy as a share of 1 (0.7 for 70%), or for a metric that "
+                 "falls (a loss) give mode: min" if 1.0 < cfg.target.value < math.inf else ""))
     check(b.n_trials is None or 1 <= b.n_trials <= 1_000_000, "budget.n_trials",
           f"must be a positive integer up to 1000000, got {b.n_trials}")
     check(b.timeout_s is None or 0 < b.timeout_s < math.inf, "budget.timeout_s",

@@ -4,6 +4,7 @@ the best trial and where to review it; and the libraries' own logs kept off the 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -82,10 +83,19 @@ def result_of(trial: FrozenTrial) -> TrialResult:
     return TrialResult(trial.number, dict(attrs.get(record.PARAMS, trial.params)),
                        str(attrs.get(record.OUTCOME, "failed")),
                        str(attrs.get(record.STOP_REASON, "")), value=elapsed_of(trial),
-                       best_metric=float(attrs.get(record.BEST_METRIC, 0.0)),
+                       best_metric=float(attrs.get(record.BEST_METRIC) or 0.0),
                        evals=len(attrs.get(record.CURVE, [])),
                        detail=str(attrs.get(record.DETAIL, "")),
                        summary={k: attrs[k] for k in (record.UNREADABLE,) if k in attrs})
+
+
+def _closest(trials: list[FrozenTrial], falls: bool) -> FrozenTrial | None:
+    """The trial whose best value of the target metric came nearest to it: the highest
+    accuracy, or the lowest value of a metric that falls (None: no trial evaluated)."""
+    scored = [t for t in trials if isinstance(t.user_attrs.get(record.BEST_METRIC), int | float)
+              and math.isfinite(t.user_attrs[record.BEST_METRIC])]
+    pick = min if falls else max
+    return pick(scored, key=lambda t: t.user_attrs[record.BEST_METRIC], default=None)
 
 
 def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Print) -> int:
@@ -105,24 +115,24 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
     # the study (a plain Optuna objective's value) is no time to accuracy
     best = record.best_reached(trials)
     if best is None:
-        closest = max(trials, key=lambda t: t.user_attrs.get(record.BEST_METRIC, 0.0),
-                      default=None)
+        closest = _closest(trials, cfg.target.falls)
         note = "" if closest is None else (
             f"; closest: trial {closest.number} with {cfg.target.metric} "
-            f"{closest.user_attrs.get(record.BEST_METRIC, 0.0):.3f}")
-        echo(f"no trial reached {cfg.target.metric} >= {cfg.target.value} yet{note}")
+            f"{closest.user_attrs[record.BEST_METRIC]:.3f}")
+        echo(f"no trial reached {cfg.target.text} yet{note}")
     else:
         best_params = dict(best.user_attrs.get(record.PARAMS, {})) or dict(best.params)
         summary["best_tta_s"] = best.value
         summary["best_trial"] = best.number
-        echo(f"best: trial {best.number}, time to {cfg.target.metric} >= {cfg.target.value}: "
+        echo(f"best: trial {best.number}, time to {cfg.target.text}: "
              f"{best.value:.2f} s")
         for key, value in best_params.items():
             echo(f"  {key} = {short(value)}")
         model = model_note(best, (cfg.run_dir,))
         if model:
             echo(f"  model: {model}")
-    tracker.study_plots(study, cfg.target.metric, cfg.target.value, final=True)
+    tracker.study_plots(study, cfg.target.metric, cfg.target.value, final=True,
+                        falls=cfg.target.falls)
     tracker.end_study(summary, best_params,
                       best_model="" if best is None or best.user_attrs.get(record.OUTCOME)
                       != "reached" else str(best.user_attrs.get(record.MODEL) or ""))

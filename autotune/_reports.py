@@ -98,16 +98,18 @@ class ReportHandler:
     ``(kind, message)`` for each start, eval and checkpoint report (MLflow, the registry)."""
 
     def __init__(self, trial: Any, writes: HeldWrites, *, metric: str, planned_epochs: float,
+                 falls: bool = False,
                  checkpoint_every_s: float, deadline: Callable[[float | None], float | None],
                  decide: Callable[[dict[str, Any], float | None], Reply],
                  cap: Callable[[Reply, float], Reply],
                  listeners: tuple[Listener, ...] = ()) -> None:
         self.trial, self.writes = trial, writes
-        self.metric, self.planned_epochs = metric, planned_epochs
+        self.metric, self.planned_epochs, self.falls = metric, planned_epochs, falls
         self.every = float(checkpoint_every_s)
         self._deadline_of, self._decide, self._cap = deadline, decide, cap
         self.listeners = listeners
-        self.best, self.evals = 0.0, 0
+        # the best value of the target metric so far: an accuracy's highest, a loss's lowest
+        self.best, self.evals = (math.inf if falls else 0.0), 0
         self.curve: list[list[Any]] = []
         self.stop_reason = ""
         self.deadline: float | None = None
@@ -139,9 +141,10 @@ class ReportHandler:
         """An evaluation report: record it, then go on, stop, or checkpoint and go on."""
         self.evals += 1
         value = float(msg[self.metric])
-        self.best = max(self.best, value) if math.isfinite(value) else self.best
+        better = min if self.falls else max
+        self.best = better(self.best, value) if math.isfinite(value) else self.best
         self.curve.append(curve_row(msg, self.planned_epochs, self.metric))
-        self.writes.add(*eval_writes(self.trial, msg, self.metric, self.curve))
+        self.writes.add(*eval_writes(self.trial, msg, self.metric, self.curve, self.falls))
         self._tell("eval", msg)
         if self.writes.flush(0):
             reply = self._decide(msg, self.deadline)

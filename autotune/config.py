@@ -28,8 +28,24 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a metric or parameter of th
 
 @dataclass(frozen=True)
 class Target:
-    metric: str = "top1"             # top1 | top5: the validation metric to reach
-    value: float = 0.97              # in (0, 1]
+    metric: str = "top1"             # top1 | top5 (or a script's own): the metric to reach
+    value: float = 0.97              # in (0, 1] for an accuracy; > 0 for mode min
+    mode: str = "max"                # max: an accuracy, reached at or above value; min: a
+                                     # metric that falls (a loss), reached at or below it
+
+    @property
+    def falls(self) -> bool:
+        return self.mode == "min"
+
+    @property
+    def text(self) -> str:
+        """``top1 >= 0.97``, or ``loss <= 0.9`` for a metric that falls."""
+        return f"{self.metric} {'<=' if self.falls else '>='} {self.value}"
+
+    @property
+    def tag(self) -> str:
+        """The study's MLflow tag ``autotune.target``: ``top1>=0.97``, ``loss<=0.9``."""
+        return self.text.replace(" ", "")
 
 
 @dataclass(frozen=True)

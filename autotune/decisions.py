@@ -15,14 +15,15 @@ Outcomes (docs/DESIGN.md, "Rules of time-to-accuracy"):
 * reached: value = TTA seconds, feasible;
 * censored: stopped or ended without reaching the target. Its TTA is only known to exceed its
   elapsed time (the user attribute ``elapsed_s``): value = +inf, with the constraint
-  ``reach_target`` = target - best metric > 0, so Optuna's sampler ranks it behind every trial
+  ``reach_target`` = target - best metric > 0 (for a metric that falls, ``mode: min``: 1 -
+  target / best metric, ``shortfall``), so Optuna's sampler ranks it behind every trial
   that reached the target and closer misses ahead of wider ones (it ranks infeasible trials by
   their violation, never by value), while a client that ignores constraints (optuna-dashboard,
   ``optuna best-trial`` on an old Optuna) can never take it for the best. Never a failure;
 * failed: diverged, out of memory, crashed, launch or plan error, with the reason. Failures
   the configuration causes (diverged, oom) are told as complete with value +inf and maximally
-  infeasible (``reach_target`` = 1 + target), so the sampler steers away from them; the others
-  are Optuna FAIL, which the sampler ignores.
+  infeasible (``reach_target`` = 1 + target; 2 for a metric that falls), so the sampler
+  steers away from them; the others are Optuna FAIL, which the sampler ignores.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ from .pruners import TimeToAccuracyPruner
 from .pruners._rules import Rules
 
 __all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "classify", "curve_row",
-           "elapsed_of", "eval_reply", "eval_writes", "optuna_state", "start_reply",
-           "study_deadline", "systematic_failure", "tell", "tell_optuna_style", "tell_result"]
+           "elapsed_of", "eval_reply", "eval_writes", "optuna_state", "shortfall",
+           "start_reply", "study_deadline", "systematic_failure", "tell", "tell_optuna_style",
+           "tell_result"]
 
 CONSTRAINT = "reach_target"
 # Failures the configuration causes (not the machine): recorded as complete but maximally
@@ -103,12 +105,14 @@ def curve_row(msg: dict[str, Any], planned_epochs: float, metric: str = "top1") 
 
 
 def eval_writes(trial: optuna.Trial, msg: dict[str, Any], metric: str,
-                curve: list[list[Any]]) -> list[Callable[[], Any]]:
+                curve: list[list[Any]], falls: bool = False) -> list[Callable[[], Any]]:
     """The study-store writes of an evaluation (``curve`` already holds its row), in order; the
-    worker may hold them while the store is out of reach."""
+    worker may hold them while the store is out of reach. ``falls``: the target metric falls
+    to its value (``mode: min``, a loss)."""
     value = float(msg[metric])
-    # Optuna's pruners read intermediate values as "lower is better".
-    return [partial(trial.report, 1.0 - value, int(msg["index"])),
+    # Optuna's pruners read intermediate values as "lower is better": an accuracy's error, a
+    # loss as it is.
+    return [partial(trial.report, value if falls else 1.0 - value, int(msg["index"])),
             partial(trial.set_user_attr, record.ELAPSED, msg["elapsed_s"]),
             partial(trial.set_user_attr, record.CURVE, list(curve))]
 
@@ -248,7 +252,7 @@ def optuna_state(result: TrialResult) -> str:
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, *, autotune: bool,
-         target: float, penalty: float) -> None:
+         target: float, penalty: float, falls: bool = False) -> None:
     """Records ``result`` and tells Optuna: autotune's way (``tell_result``), or Optuna's usual
     one for the comparison modes (``tell_optuna_style``, a missed target told as ``penalty``)."""
     if result.summary.get("checkpoint"):   # saved at its end: where it resumes from
@@ -260,7 +264,7 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, *, autot
     if result.summary.get(record.UNREADABLE):   # skipped by the trainer, named in its log
         trial.set_user_attr(record.UNREADABLE, int(result.summary[record.UNREADABLE]))
     if autotune:
-        tell_result(study, trial, result, target)
+        tell_result(study, trial, result, target, falls)
     else:
         tell_optuna_style(study, trial, result, penalty)
 
@@ -271,7 +275,7 @@ def tell_optuna_style(study: optuna.Study, trial: optuna.Trial, result: TrialRes
     penalty value, failures FAIL."""
     trial.set_user_attr(record.OUTCOME, result.outcome)
     trial.set_user_attr(record.STOP_REASON, result.reason)
-    trial.set_user_attr(record.BEST_METRIC, result.best_metric)
+    trial.set_user_attr(record.BEST_METRIC, _finite_or_none(result.best_metric))
     if result.outcome == "reached":
         trial.set_user_attr(record.TTA, result.value)
         study.tell(trial, result.value)
@@ -283,12 +287,23 @@ def tell_optuna_style(study: optuna.Study, trial: optuna.Trial, result: TrialRes
         study.tell(trial, penalty)
 
 
+def shortfall(best: float, target: float, falls: bool = False) -> float:
+    """How far a trial's best value of the target metric stayed from the target (0 or less:
+    reached): an accuracy's gap, ``target - best``, at most 1; for a metric that falls (a
+    loss), the share of its best value above the target, ``1 - target / best``, below 1 too,
+    so a failed configuration's constraint (2, or 1 + target) is worse than any."""
+    if falls:
+        return 1.0 - target / best if best > 0 and math.isfinite(best) else 1.0
+    return target - best
+
+
 def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
-                target: float) -> None:
-    """Records ``result`` on ``trial`` and tells Optuna, as the module docstring describes."""
+                target: float, falls: bool = False) -> None:
+    """Records ``result`` on ``trial`` and tells Optuna, as the module docstring describes.
+    ``falls``: the target metric falls to ``target`` (``mode: min``)."""
     trial.set_user_attr(record.OUTCOME, result.outcome)
     trial.set_user_attr(record.STOP_REASON, result.reason)
-    trial.set_user_attr(record.BEST_METRIC, result.best_metric)
+    trial.set_user_attr(record.BEST_METRIC, _finite_or_none(result.best_metric))
     for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps",
                 record.NOISE_SCALE):
         if key in result.summary:
@@ -301,10 +316,10 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
     if result.value is not None:
         trial.set_user_attr(record.ELAPSED, result.value)
     if result.outcome == "failed":  # the configuration's fault: teach the sampler
-        trial.set_constraint(CONSTRAINT, 1.0 + target)
+        trial.set_constraint(CONSTRAINT, 2.0 if falls else 1.0 + target)
         study.tell(trial, math.inf)
         return
-    violation = target - result.best_metric
+    violation = shortfall(result.best_metric, target, falls)
     trial.set_constraint(CONSTRAINT, violation if result.outcome == "reached"
                          else max(violation, 1e-9))
     if result.outcome == "reached":

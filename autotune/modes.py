@@ -29,7 +29,8 @@ def _tta_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
     metric = cfg.target.metric      # a script's own metric: its chance level is not known
     return TimeToAccuracyPruner(cfg.target.value, metric=metric_slot(metric),
                                 num_classes=cfg.trainer.num_classes if metric in (
-                                    "top1", "top5") else None, margin=cfg.pruner_margin)
+                                    "top1", "top5") else None, margin=cfg.pruner_margin,
+                                falls=cfg.target.falls)
 
 
 def _median_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:

@@ -38,7 +38,7 @@ def learning_curve(rows: Sequence[Sequence[Any]], metric: str, target: float, ti
     ax.axhline(target, color="tab:red", linestyle="--", label=f"target {target:g}")
     ax.set_xlabel("elapsed seconds (training + evaluation)")
     ax.set_ylabel(metric)
-    ax.set_ylim(0, 1.02)
+    _limits(ax, [r[_INDEX[metric_slot(metric)]] for r in rows], target)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     noise = [(r[0], r[5]) for r in rows if len(r) > 5 and r[5]]
@@ -49,8 +49,16 @@ def learning_curve(rows: Sequence[Sequence[Any]], metric: str, target: float, ti
         right.set_ylabel("gradient noise scale (images)")
         right.set_yscale("log")
         right.legend(loc="center right")
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     return _save(fig, path)
+
+
+def _limits(ax: Any, values: Sequence[Any], target: float) -> None:
+    """The value axis: 0 to 1 for an accuracy; from 0 to the largest finite value shown for
+    a metric past 1 (a loss), the first evaluations' high values included."""
+    shown = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    top = max([*shown, target], default=1.0)
+    ax.set_ylim(0, 1.02 if top <= 1.0 else top * 1.05)
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -139,10 +147,11 @@ def _overlay(trials: Sequence[FrozenTrial], metric: str, target: float, path: Pa
     ax.axhline(target, color="tab:red", linestyle="--", label=f"target {target:g}")
     ax.set_xlabel("elapsed seconds")
     ax.set_ylabel(metric)
-    ax.set_ylim(0, 1.02)
-    ax.set_title("accuracy against time, all trials (green: reached)")
+    _limits(ax, [r[_INDEX[metric_slot(metric)]] for t in trials
+                 for r in t.user_attrs.get(record.CURVE) or []], target)
+    ax.set_title(f"{metric} against time, all trials (green: reached)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     return _save(fig, path)
 
 

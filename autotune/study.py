@@ -90,14 +90,14 @@ def run_study(cfg: StudyConfig, echo: Print = _print, accept_changes: bool = Fal
                  "that name in another store, or one whose store was deleted): this study's go to "
                  f"{folder}")
         tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder,
-                          {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
+                          {"autotune.target": cfg.target.tag,
                            "autotune.search_space": space.name,
                            "autotune.storage": cfg.storage.split(":", 1)[0],
                            "autotune.study": cfg.study_name}, uid=uid)
         registry = registry_for(cfg.storage)
         if not is_server_url(cfg.storage):  # trials of workers that died meanwhile
             recover(registry, storage, cfg.study_name, cfg.heartbeat_s, datetime.min, echo)
-        tracker.start_study({"autotune.target": f"{cfg.target.metric}>={cfg.target.value}"},
+        tracker.start_study({"autotune.target": cfg.target.tag},
                             cfg.public_dict(), space.to_dict(), resumed=bool(existing))
         done = len(finished(study))
         todo = None if cfg.budget.n_trials is None else max(cfg.budget.n_trials - done, 0)
@@ -264,7 +264,7 @@ def _run_workers(cfg: StudyConfig, space: SearchSpace, size: int, tracker: Track
         finally:
             runner.close()   # this thread's warm trainer ranks leave
 
-    target = f"{cfg.target.metric} >= {cfg.target.value}"
+    target = cfg.target.text
     echo(f"study {cfg.study_name!r}: search space {space.name}, target {target}, "
          f"{cfg.workers} worker(s) x {cfg.ranks_per_trial} rank(s); trial files in {folder}")
     warning = cadence_warning(cfg)

@@ -109,12 +109,14 @@ def run_name(key: str, outcome: str, reason: str, metrics: Mapping[str, Any]) ->
     return f"{key} {outcome} ({reason})"
 
 
-def leaderboard(trials: Sequence[Any], metric: str, target: float, top: int = 10) -> str:
+def leaderboard(trials: Sequence[Any], metric: str, target: float, top: int = 10,
+                falls: bool = False) -> str:
     """The study's leaderboard as Markdown (the parent run's description): the trials that
-    reached the target, fastest first, and how the others ended."""
+    reached the target, fastest first, and how the others ended. ``falls``: the metric falls
+    to the target (a loss)."""
     reached = sorted((t for t in trials if t.user_attrs.get(record.OUTCOME) == "reached"
                       and t.value is not None), key=lambda t: float(t.value))
-    lines = [f"**Time to {metric} >= {target}**", ""]
+    lines = [f"**Time to {metric} {'<=' if falls else '>='} {target}**", ""]
     if reached:
         lines += ["| rank | trial | TTA (s) | parameters |", "|---|---|---|---|"]
         for rank, t in enumerate(reached[:top], start=1):
@@ -272,7 +274,8 @@ class Tracker:
         """The MLflow run id of ``key`` if its run has been created already."""
         return self.outbox.known_run_id(key)
 
-    def study_plots(self, study: Any, metric: str, target: float, final: bool = False) -> None:
+    def study_plots(self, study: Any, metric: str, target: float, final: bool = False,
+                    falls: bool = False) -> None:
         """Refreshes the study's overview plots on the parent run."""
         from .plots import study_plots
 
@@ -286,7 +289,8 @@ class Tracker:
             self.outbox.submit({"op": "artifact", "run": STUDY_KEY, "path": str(path),
                                 "folder": "plots"})
         trials = study.get_trials(deepcopy=False)
-        self._log(STUDY_KEY, tags={"mlflow.note.content": leaderboard(trials, metric, target)})
+        self._log(STUDY_KEY, tags={"mlflow.note.content": leaderboard(trials, metric, target,
+                                                                      falls=falls)})
 
     def end_study(self, summary: Mapping[str, Any], best_params: Mapping[str, Any],
                   best_model: str = "") -> None:

@@ -11,6 +11,7 @@ trainer, ``ended``, and the study after it) and knows nothing of what listens:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +62,10 @@ class TrialListener:
 class MlflowListener(TrialListener):
     """Each trial's MLflow run, and the study's plots on its parent run."""
 
-    def __init__(self, tracker: Tracker, run_dir: Path, metric: str, target: float) -> None:
+    def __init__(self, tracker: Tracker, run_dir: Path, metric: str, target: float,
+                 falls: bool = False) -> None:
         self.tracker, self.run_dir = tracker, run_dir
-        self.metric, self.target = metric, target
+        self.metric, self.target, self.falls = metric, target, falls
         self._keys: dict[int, str] = {}
 
     def begun(self, trial: optuna.Trial, downtime: float | None) -> None:
@@ -94,8 +96,9 @@ class MlflowListener(TrialListener):
         key = self._keys.pop(trial.number, None)
         if key is None:
             return
-        final = {"reached_target": 1.0 if result.outcome == "reached" else 0.0,
-                 "best_" + self.metric: result.best_metric}
+        final = {"reached_target": 1.0 if result.outcome == "reached" else 0.0}
+        if math.isfinite(result.best_metric):   # a loss's best is +inf before any evaluation
+            final["best_" + self.metric] = result.best_metric
         if result.outcome == "reached":
             final["tta_s"] = float(result.value or 0.0)
         final.update({k: result.summary[k] for k in _TIMES if k in result.summary})
@@ -109,7 +112,7 @@ class MlflowListener(TrialListener):
         self._keys.pop(trial.number, None)
 
     def study_changed(self, study: optuna.Study) -> None:
-        self.tracker.study_plots(study, self.metric, self.target)
+        self.tracker.study_plots(study, self.metric, self.target, falls=self.falls)
 
     def run_id(self, trial: optuna.Trial) -> str | None:
         """The MLflow run id of the trial's run, once MLflow has it."""

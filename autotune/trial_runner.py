@@ -69,7 +69,8 @@ class TrialRunner:
             hosts = read_hostfile(hostfile)
             world = (len(hosts) * ranks_per_node if ranks_per_node
                      else sum(slots for _, slots in hosts))
-        mlflow = (MlflowListener(tracker, run_dir, cfg.target.metric, cfg.target.value)
+        mlflow = (MlflowListener(tracker, run_dir, cfg.target.metric, cfg.target.value,
+                                  cfg.target.falls)
                   if tracker is not None else None)
         self.listeners: list[TrialListener] = [
             *([mlflow] if mlflow else []),
@@ -244,7 +245,8 @@ class TrialRunner:
         given up for lost while the study store was out of reach, and it was resumed)."""
         try:
             tell(study, trial, result, autotune=mode_of(self.cfg).tells_constraints,
-                 target=self.cfg.target.value, penalty=2 * self.cfg.budget.max_trial_s)
+                 target=self.cfg.target.value, penalty=2 * self.cfg.budget.max_trial_s,
+                 falls=self.cfg.target.falls)
             return True
         except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError) as e:
             state = record.stored_trial(study, trial).state
@@ -304,7 +306,8 @@ class TrialRunner:
             record.stored_trial(study, trial)))
         pruning = Pruning(self.pruner, study, trial, self._patience, self.stop_at)
         handler = ReportHandler(
-            trial, writes, metric=self.cfg.target.metric, planned_epochs=plan["epochs"],
+            trial, writes, metric=self.cfg.target.metric, falls=self.cfg.target.falls,
+            planned_epochs=plan["epochs"],
             checkpoint_every_s=self.cfg.trainer.checkpoint_every_s,
             deadline=pruning.deadline, decide=pruning.decide, cap=pruning.within_timeout,
             listeners=(lambda kind, msg: self._emit("report", trial, kind, msg),))
@@ -319,7 +322,8 @@ class TrialRunner:
         alone = False     # the trainer closed the channel or exited without its end report
         try:
             for msg in channel.messages(process, lambda: limits.until, idle):
-                bad = protocol.report_problem(msg, self.cfg.target.metric)
+                bad = protocol.report_problem(msg, self.cfg.target.metric,
+                                              self.cfg.target.falls)
                 if bad is not None:
                     break       # the trainer is stopped: it cannot be followed further
                 if msg.get("type") == "end":

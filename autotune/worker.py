@@ -224,7 +224,7 @@ def run_worker(storage_url: str, study_name: str | None, echo: Callable[[str], N
                             recover_with=None if is_server_url(storage_url)
                             else storage)
     tracker = Tracker(cfg.tracking_uri, cfg.study_name, folder / f"worker-{name}",
-                      {"autotune.target": f"{cfg.target.metric}>={cfg.target.value}",
+                      {"autotune.target": cfg.target.tag,
                        "autotune.study": cfg.study_name}, uid=study_uid(study))
     runner = TrialRunner(cfg, space, size, run_dir=folder,
                          tracker=tracker, storage=storage, session=session, hostfile=hostfile,

@@ -185,7 +185,8 @@ def test_the_real_command_prints_no_traceback(tmp_path):
     result = run_cli("start", "study", "s.yaml", cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == ("autotune: error: s.yaml: target.value 2.0 is outside "
-                                     "(0, 1]; give the accuracy as a share of 1 (0.7 for 70%)")
+                                     "(0, 1]; give the accuracy as a share of 1 (0.7 for 70%), "
+                                     "or for a metric that falls (a loss) give mode: min")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
 
 

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainers import _checkpoint, _shm
+from trainers import _checkpoint, _shm, protocol
 from trainers._control import CHECKPOINT, DIVERGED, GO, OOM, REASONS, STOPPED, Control
 from trainers._lifeline import die_with_parent
 from trainers._rank import Clock, next_plan
@@ -353,24 +353,27 @@ class Trial:
             raise ValueError(f"trial.report() needs the study's target metric {metric!r}; "
                              f"it got {', '.join(metrics) or 'nothing'}")
         value = metrics[metric]
-        if isinstance(value, int | float) and not isinstance(value, bool) \
-                and math.isfinite(value) and not 0 <= value <= 1:
-            raise ValueError(f"trial.report() got {metric}={value:g}; the target metric is an "
-                             "accuracy, a share from 0 to 1 (a percentage divided by 100)")
+        falling = protocol.falls(plan["target"])
+        wrong = (protocol.metric_problem(float(value), falling)
+                 if isinstance(value, int | float) and not isinstance(value, bool) else None)
+        if wrong is not None:
+            raise ValueError(f"trial.report() got {metric}={value:g}; {wrong}")
         cost = time.perf_counter() - self._mark
         self.last_eval_cost = cost
         st["eval_s"] += cost
         st["evals"] += 1
         for key, value in metrics.items():
             if isinstance(value, int | float) and math.isfinite(float(value)):
-                st["best"][key] = max(float(value), st["best"].get(key, float(value)))
+                # the best of a loss (or of a target metric that falls) is its least
+                better = min if key == "loss" or (key == metric and falling) else max
+                st["best"][key] = better(float(value), st["best"].get(key, float(value)))
         fields = {"index": st["evals"] - 1,
                   "epoch": st["step"] / int(plan["steps_per_epoch"]), "step": st["step"],
                   "samples": st["step"] * int(plan["global_batch"]),
                   "lr": self.lr(max(st["step"] - 1, 0)),
                   "images_per_s": self._samples / max(self._train_since, 1e-9), **metrics}
         value = float(metrics[metric])
-        reached = math.isfinite(value) and value >= float(plan["target"]["value"])
+        reached = protocol.reaches(value, float(plan["target"]["value"]), falling)
         action = self.control.report_eval(self.clock, fields, reached)
         self._samples, self._train_since = 0, 0.0
         if action == "reached":

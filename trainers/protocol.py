@@ -23,7 +23,8 @@ import math
 from typing import Any, TypedDict
 
 __all__ = ["ACK", "EXIT", "LEAVE_AFTER", "Plan", "Reply", "ZERO_INIT_MODELS", "decision", "go",
-           "leaves_after", "plan_reply", "ranks_stay", "report_problem", "stop"]
+           "falls", "leaves_after", "metric_problem", "plan_reply", "ranks_stay", "reaches",
+           "report_problem", "stop"]
 
 Reply = dict[str, Any]
 
@@ -56,9 +57,38 @@ def _number(value: Any) -> bool:
         math.isfinite(float(value)) and value >= 0
 
 
-def report_problem(msg: dict[str, Any], metric: str) -> str | None:
+def falls(target: Any) -> bool:
+    """Whether a plan's (or a study file's) target metric falls to its value: ``mode: min``,
+    for a loss, an error rate or a perplexity; else it is an accuracy that rises to it."""
+    return isinstance(target, dict) and target.get("mode") == "min"
+
+
+def reaches(value: float, target: float, falling: bool) -> bool:
+    """Whether an evaluation's ``value`` of the target metric meets the ``target``: at or
+    above it for an accuracy, at or below it for a metric that falls (NaN never does)."""
+    if not math.isfinite(value):
+        return False
+    return value <= target if falling else value >= target
+
+
+def metric_problem(value: float, falling: bool) -> str | None:
+    """What is wrong with a finite reported value of the target metric (None: nothing): an
+    accuracy is a share from 0 to 1; a falling metric (a loss) is 0 or more."""
+    if not math.isfinite(value):
+        return None
+    if falling and value < 0:
+        return ("a target metric that falls (mode: min: a loss, an error rate, a perplexity) "
+                "is 0 or more")
+    if not falling and not 0 <= value <= 1:
+        return ("the target metric is an accuracy, a share from 0 to 1 (a percentage divided "
+                "by 100; for a metric that falls, such as a loss, give the target mode: min)")
+    return None
+
+
+def report_problem(msg: dict[str, Any], metric: str, falling: bool = False) -> str | None:
     """What is wrong with a report from a trainer, for the worker to fail the trial with it
-    (None: nothing). ``metric``: the study's target metric, which every evaluation carries."""
+    (None: nothing). ``metric``: the study's target metric, which every evaluation carries
+    (``falling``: it falls to its target, ``mode: min``)."""
     kind = msg.get("type")
     if kind not in ("start", "eval", "checkpoint", "end", "ready"):
         shown = msg.get("line", msg)
@@ -72,9 +102,9 @@ def report_problem(msg: dict[str, Any], metric: str) -> str | None:
         if not (isinstance(value, int | float) and not isinstance(value, bool)):
             return (f"an evaluation without the target metric {metric!r} as a number "
                     f"(got {value!r}; keys: {', '.join(map(str, msg))})")
-        if math.isfinite(value) and not 0 <= value <= 1:
-            return (f"an evaluation whose {metric} is {value:g}; the target metric is an "
-                    "accuracy, a share from 0 to 1 (a percentage divided by 100)")
+        wrong = metric_problem(float(value), falling)
+        if wrong is not None:
+            return f"an evaluation whose {metric} is {value:g}; {wrong}"
         if not _number(msg.get("elapsed_s")):
             return f"an evaluation whose elapsed_s is {msg.get('elapsed_s')!r}"
         if not _number(msg.get("epoch")):
@@ -173,7 +203,8 @@ class Plan(TypedDict):
     label_smoothing: float
     image_sizes: list[int]      # training resolution of each epoch; []: the data's own
     eval_size: int              # evaluation resolution; 0: the data's own
-    target: dict[str, Any]      # {"metric": top1 | top5, "value": float}
+    target: dict[str, Any]      # {"metric": top1 | top5 | a script's own, "value": float,
+                                #  "mode": max | min (min: the metric falls to the value)}
     eval_every_steps: int       # 0 and eval_every_s 0: the default cadence
     eval_every_s: float
     eval_batch: int

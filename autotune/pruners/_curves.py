@@ -1,4 +1,5 @@
-"""Learning curves as the pruner sees them: accuracy against elapsed seconds."""
+"""Learning curves as the pruner sees them: accuracy (or a falling metric, negated) against
+elapsed seconds."""
 
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ class Curve:
     @classmethod
     def of(cls, points: Sequence[Sequence[float]], metric_index: int = 1,
            reached_at: float | None = None, running: bool = True,
-           failed: bool = False) -> Curve:
-        """From stored rows ``[elapsed, top1, top5, progress, ...]``."""
+           failed: bool = False, sign: float = 1.0) -> Curve:
+        """From stored rows ``[elapsed, top1, top5, progress, ...]``; ``sign`` -1 negates the
+        values (a metric that falls, so that higher is better)."""
         rows = [p for p in points if p[metric_index] is not None]
-        return cls(tuple(float(p[0]) for p in rows), tuple(float(p[metric_index]) for p in rows),
+        return cls(tuple(float(p[0]) for p in rows),
+                   tuple(sign * float(p[metric_index]) for p in rows),
                    tuple(float(p[3]) if len(p) > 3 and p[3] is not None else 0.0 for p in rows),
                    reached_at, running, failed)
 

@@ -1,5 +1,8 @@
 """The pruning rules, as pure functions of curves and the best time-to-accuracy.
 
+The curves hold the target metric with higher better: an accuracy as it is, a metric that
+falls to its target (a loss, ``Rules.falls``) negated, its target too.
+
 Each rule answers one question about a running trial and returns a stop reason or None:
 
 * ``diverged``: the loss is NaN or infinite; or accuracy is at chance with a validation loss
@@ -62,6 +65,23 @@ class Rules:
     follow_evals: int = 3         # ... judged after this many evaluations
     follow_share: float = 0.1     # ... and this share of the schedule
     chance_band: float = 0.05     # "at chance": up to half of chance above it, at most this
+    falls: bool = False           # the metric falls to its target (a loss): every value, the
+                                  # target and chance (-inf: none) are given negated
+
+    def error(self, value: float) -> float:
+        """How far ``value`` is from perfect, on the scale whose log the projection follows:
+        an accuracy's error (1 - value); a falling metric itself (given negated: -value);
+        at least 1e-6."""
+        return max(-value if self.falls else 1.0 - value, 1e-6)
+
+    def end_gap(self, top: float, curve: Curve) -> float:
+        """The gap from the best value so far to the target, in the unit the end-of-schedule
+        allowance is set in: an accuracy's share (its error spans at most 1); a falling
+        metric's share of the worst value the trial has shown (its own starting error)."""
+        if not self.falls:
+            return self.target - top
+        worst = -min((v for v in curve.values if math.isfinite(v)), default=0.0)
+        return (self.target - top) / worst if worst > 0 else 0.0
 
     def at_chance(self, value: float) -> bool:
         """Whether accuracy ``value`` is no better than guessing: at most half of chance above
@@ -89,7 +109,7 @@ def optimistic_tta(curve: Curve, rules: Rules) -> float:
     if not curve.times:
         return math.inf
     now = curve.times[-1]
-    running, top = [], 0.0
+    running, top = [], (-math.inf if rules.falls else 0.0)
     for value in curve.values:
         top = max(top, value)
         running.append(top)
@@ -99,16 +119,17 @@ def optimistic_tta(curve: Curve, rules: Rules) -> float:
     if rules.at_chance(top) and progress < rules.diverge_after:
         return now
     best = math.inf
-    if progress > 0 and rules.target - top <= rules.end_gain * math.sqrt(max(1 - progress, 0)):
+    if progress > 0 and rules.end_gap(top, curve) <= rules.end_gain * math.sqrt(
+            max(1 - progress, 0)):
         best = curve.planned_end()
     steepest = 0.0           # d log(error) / dt, most negative between two evaluations
     for (t0, v0), (t1, v1) in zip(zip(curve.times, running, strict=True),
                                   zip(curve.times[1:], running[1:], strict=True), strict=False):
         if t1 > t0:
-            steepest = min(steepest, (math.log(max(1 - v1, 1e-6)) -
-                                      math.log(max(1 - v0, 1e-6))) / (t1 - t0))
+            steepest = min(steepest, (math.log(rules.error(v1)) -
+                                      math.log(rules.error(v0))) / (t1 - t0))
     if steepest < 0:
-        gap = math.log(max(1 - rules.target, 1e-6)) - math.log(max(1 - top, 1e-6))
+        gap = math.log(rules.error(rules.target)) - math.log(rules.error(top))
         best = min(best, now + gap / (steepest * rules.optimism))
     return best
 

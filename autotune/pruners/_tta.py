@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import optuna
@@ -34,16 +35,22 @@ class TimeToAccuracyPruner(optuna.pruners.BasePruner):
     def __init__(self, target: float = 1.0, *, metric: str = "top1",
                  num_classes: int | None = 10,
                  margin: float = 1.0, eta: float = 3.0, min_rung_s: float = 2.0,
-                 min_peers: int = 3, rules: bool = True) -> None:
+                 min_peers: int = 3, rules: bool = True, falls: bool = False) -> None:
         if margin < 1.0:
             raise ValueError(f"margin must be >= 1.0, got {margin}")
         if metric not in _METRIC_INDEX:
             raise ValueError(f"metric must be top1 or top5, got {metric!r}")
-        # Unknown classes (None): no chance level, so the at-chance rules never fire.
+        # Unknown classes (None): no chance level, so the at-chance rules never fire. A metric
+        # that falls (a loss, ``falls``) has none either; the rules see it negated, so that
+        # higher is better for every metric (``Rules.falls``).
         chance = 0.0 if num_classes is None else min(
             1.0, (1 if metric == "top1" else 5) / max(num_classes, 1))
+        if falls:
+            if not 0 < target < math.inf:
+                raise ValueError(f"a target that falls must be above 0, got {target}")
+            target, chance = -target, -math.inf
         self.rules = Rules(target=target, chance=chance, margin=margin, eta=eta,
-                           min_rung_s=min_rung_s, min_peers=min_peers)
+                           min_rung_s=min_rung_s, min_peers=min_peers, falls=falls)
         self.metric = metric
         self.margin = margin
         self.full = rules  # False: the time bound only
@@ -56,7 +63,8 @@ class TimeToAccuracyPruner(optuna.pruners.BasePruner):
         outcome = trial.user_attrs.get(OUTCOME_KEY)
         reached = trial.value if outcome == "reached" else None
         return Curve.of(trial.user_attrs.get(CURVE_KEY, []), _METRIC_INDEX[self.metric], reached,
-                        running=trial.state == TrialState.RUNNING, failed=outcome == "failed")
+                        running=trial.state == TrialState.RUNNING, failed=outcome == "failed",
+                        sign=-1.0 if self.rules.falls else 1.0)
 
     def decide(self, study: optuna.Study, trial: FrozenTrial) -> str | None:
         """The reason to stop ``trial`` now (bound, projection, rung, diverged), or None."""
