@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from trainers.augment import AUGMENTATIONS
-from trainers.protocol import ZERO_INIT_MODELS
+from trainers.protocol import ZERO_INIT_MODELS, falling_name
 from trainers.sources import image_size_of
 
 from .config import NAME, StudyConfig, storage_url_problem
@@ -165,17 +165,6 @@ def _closest_models(name: str, models: Any) -> str:
     return "use for example resnet18, resnet50, convnext_tiny, efficientnet_b0 or vit_b_16"
 
 
-# Names of metrics that fall as training goes on: a target on one needs mode min.
-_FALLING = re.compile(r"(^|_)(loss|error|err|perplexity|ppl|wer|cer|mse|mae|rmse|fid|nll)($|_)",
-                      re.IGNORECASE)
-
-
-def falling_name(metric: str) -> bool:
-    """Whether ``metric`` is named as a metric that falls (a loss, an error rate, WER,
-    perplexity, FID): its target needs ``mode: min``."""
-    return bool(_FALLING.search(metric))
-
-
 def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
     """(key, problem) for every invalid value of ``cfg``."""
     b, found = cfg.budget, []
@@ -191,8 +180,7 @@ def problems(cfg: StudyConfig) -> list[tuple[str, str]]:
 
     own = not is_bundled(cfg.trainer.program)
     metric = cfg.target.metric
-    check(metric in _METRICS or (own and bool(NAME.fullmatch(metric)))
-          or (metric == "loss" and cfg.target.mode == "min"),
+    check(metric in (*_METRICS, "loss") or (own and bool(NAME.fullmatch(metric))),
           "target.metric", f"{metric!r} is not allowed; use one of "
           f"{', '.join(_METRICS)}, or loss with mode: min (a script of your own may report any "
           "other name it gives trial.report)")

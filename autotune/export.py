@@ -28,6 +28,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from trainers.protocol import falls
+
 from . import record
 from .errors import ConfigError
 
@@ -146,6 +148,10 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
     echo(f"wrote {len(rows)} trial curve(s) of study {study_name!r} to {out}"
          + (f"; left out: {_counts(left)} (stopped early, or no evaluation; --all writes "
             "those with a curve)" if left else ""))
+    if falls(target):
+        echo(f"its target metric, {metric}, falls (mode: min): benchmarks/search_efficiency.py "
+             "compare replays targets on an accuracy only")
+        return 0
     echo("replay them, from autotune's source tree: python benchmarks/search_efficiency.py "
          f"compare --table opda:{out.resolve()}{at}")
     return 0

@@ -172,6 +172,14 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "target a percentage": ("target: {value: 70}\n", "outside (0, 1]; give the accuracy as a "
                             "share of 1 (0.7 for 70%)"),
     "target negative": ("target: {value: -0.1}\n", "outside (0, 1]"),
+    "mode min on an accuracy": ("target: {metric: top1, mode: min, value: 0.5}\n",
+                                "min is for a metric that falls (a loss); top1 is an accuracy"),
+    "a loss without mode min": ("target: {metric: loss, value: 0.5}\n",
+                                "loss is a metric that falls; give mode: min"),
+    "mode not max or min": ("target: {metric: loss, mode: minimize, value: 0.5}\n",
+                            "'minimize' is not allowed; use max"),
+    "a falling target of 0": ("target: {metric: loss, mode: min, value: 0}\n",
+                              "must be above 0 for a metric that falls"),
     "seed negative": ("seed: -1\n", "seed must be from 0 to 2147483647, got -1"),
     "zero_init_residual without residual blocks": (
         "trainer: {model: vit_b_16, zero_init_residual: true}\n",

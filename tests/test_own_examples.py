@@ -176,3 +176,48 @@ def test_a_worker_is_told_examples_need_no_data_path(workdir, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "trains on examples data, which its own script loads itself: leave --data out" in err
+
+
+def test_a_target_on_a_metric_that_falls_is_reached_at_or_below_it(tmp_path):
+    # the validation loss, `mode: min`: reached at or below the value, its best the least,
+    # the sampler's shortfall relative; before, the study file refused a target above 1 and
+    # every report of a loss above 1 failed the trial ("an accuracy, a share from 0 to 1")
+    folder = example_copy(tmp_path, target={"metric": "val_loss", "mode": "min",
+                                            "value": 0.12})
+    done = run_cli("start", "study", str(folder / "study.yaml"), "--n-trials", "2",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "val_loss <= 0.12" in done.stdout
+    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    trials = optuna.load_study(study_name="own_tabular", storage=storage).trials
+    assert len(trials) == 2
+    assert any(t.user_attrs["outcome"] == "reached" for t in trials)   # the first does
+    for trial in trials:
+        curve = [row[1] for row in trial.user_attrs["curve"]]
+        assert curve and all(v >= 0 for v in curve)           # the loss, in top-1's place
+        best = trial.user_attrs["best_metric"]
+        assert best == pytest.approx(min(curve))
+        outcome = trial.user_attrs["outcome"]
+        assert outcome in ("reached", "censored"), trial.user_attrs
+        # reached: the first evaluation at or below the target, where the trainer stopped
+        assert (outcome == "reached") == (best <= 0.12)
+        # the sampler's constraint: the share of its best loss above the target
+        assert trial.constraints["reach_target"] == pytest.approx(1 - 0.12 / best)
+        if outcome == "reached":
+            assert curve[-1] <= 0.12 and all(v > 0.12 for v in curve[:-1])
+        # Optuna's pruners read the loss itself as the intermediate value (lower is better)
+        assert list(trial.intermediate_values.values()) == pytest.approx(curve)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("own_tabular")
+    parent = [r for r in client.search_runs([experiment.experiment_id])
+              if not r.info.run_name.startswith("trial-")]
+    assert parent and parent[0].data.tags["autotune.target"] == "val_loss<=0.12"
+    exported = run_cli("export", "curves", "own_tabular", "--all", "--out",
+                       str(tmp_path / "curves.jsonl"), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "replays targets on an accuracy" in exported.stdout
+    rows = [json.loads(line) for line in (tmp_path / "curves.jsonl").read_text().splitlines()]
+    assert rows and all("val_loss" in e for r in rows for e in r["learning_curve"])

@@ -3,6 +3,7 @@ replies and the warm ranks' leave rule."""
 
 from __future__ import annotations
 
+import math
 import typing
 
 from autotune.plan import Hardware, resolve
@@ -58,3 +59,21 @@ def test_an_evaluation_is_checked_for_its_target_metric_as_a_share():
     assert protocol.report_problem(start, "top1") is None
     assert "resumed_at_s is 'x'" in protocol.report_problem({**start, "resumed_at_s": "x"},
                                                            "top1")
+
+
+def test_a_target_that_falls_is_checked_as_0_or_more_and_reached_at_or_below():
+    ok = {"type": "eval", "elapsed_s": 3.0, "wer": 0.31, "epoch": 1.5, "index": 2}
+    for value in (0.31, 2.3, 1e4, float("nan")):      # a loss or perplexity may pass 1
+        assert protocol.report_problem({**ok, "wer": value}, "wer", True) is None
+    problem = protocol.report_problem({**ok, "wer": -0.1}, "wer", True)
+    assert problem is not None and "is 0 or more" in problem
+    # without mode min a loss above 1 is refused, saying how to give one
+    assert "mode: min" in protocol.report_problem({**ok, "wer": 2.3}, "wer")
+    assert protocol.reaches(0.2, 0.25, True) and protocol.reaches(0.25, 0.25, True)
+    assert not protocol.reaches(0.3, 0.25, True) and not protocol.reaches(math.nan, 0.25, True)
+    assert protocol.reaches(0.9, 0.8, False) and not protocol.reaches(0.7, 0.8, False)
+    assert protocol.falls({"metric": "wer", "value": 0.2, "mode": "min"})
+    assert not protocol.falls({"metric": "top1", "value": 0.9})
+    assert all(map(protocol.falling_name, ("loss", "val_loss", "eval_loss", "wer",
+                                           "perplexity", "top1_error", "FID")))
+    assert not any(map(protocol.falling_name, ("top1", "accuracy", "f1", "bleu", "lossy")))

@@ -402,3 +402,50 @@ def test_the_optuna_pruner_stops_a_repeat_of_a_stored_miss():
     assert study.pruner.decide(study, study.trials[-1]) is None      # two evaluations
     repeat.set_user_attr("curve", rows[:3])
     assert study.pruner.decide(study, study.trials[-1]) == "follows_miss"
+
+
+# -- a target on a metric that falls (mode min: a loss, WER, perplexity) -----------------------
+def _falling(points, planned_s):
+    """A curve of a falling metric as the pruner holds it: negated."""
+    c = curve(points, planned_s=planned_s)
+    return Curve(c.times, tuple(-v for v in c.values), c.progress)
+
+
+def test_a_falling_metric_is_projected_on_its_log_as_an_error_is():
+    # a loss 2.0 -> 1.6 -> 1.2 toward 0.3 projects exactly as an accuracy whose error is the
+    # loss over any scale: log-linear paces do not depend on the unit (end rule out of reach)
+    loss = [(10.0, 2.0), (20.0, 1.6), (30.0, 1.2)]
+    falls = Rules(target=-0.3, chance=-math.inf, falls=True)
+    for scale in (2.5, 10.0):
+        accuracy = Rules(target=1 - 0.3 / scale, chance=0.0)
+        as_error = curve([(t, 1 - v / scale) for t, v in loss], planned_s=1e6)
+        assert optimistic_tta(_falling(loss, 1e6), falls) == pytest.approx(
+            optimistic_tta(as_error, accuracy))
+    # a loss that is not falling fast enough for the best TTA is stopped; a fast one goes on
+    assert decide(_falling(loss, 1e6), [], best_tta=40.0, rules=falls) == "projection"
+    fast = [(10.0, 2.0), (20.0, 0.8), (30.0, 0.45)]
+    assert decide(_falling(fast, 1e6), [], best_tta=40.0, rules=falls) is None
+
+
+def test_a_falling_metric_has_no_chance_level_and_its_end_allowance_is_relative():
+    falls = Rules(target=-0.3, chance=-math.inf, falls=True)
+    # flat at 5.0 for 80% of its schedule: no divergence rule reads a loss as "at chance"
+    flat = _falling([(t, 5.0) for t in (10.0, 20.0, 30.0, 40.0)], planned_s=50.0)
+    assert decide(flat, [], best_tta=None, rules=falls) != "diverged"
+    # at 60% of its schedule, 0.41 against 0.3 having started at 0.43: its pace alone would
+    # take it to 159 s, but the gap is a quarter of its own start, within what the rest of a
+    # schedule brings (sqrt(0.4)), so its planned end (100 s) counts; in any unit alike (the
+    # same loss x 10 is 1.1 from its target, an accuracy's whole range)
+    for unit in (1.0, 10.0):
+        near = _falling([(30.0, 0.43 * unit), (45.0, 0.42 * unit), (60.0, 0.41 * unit)],
+                        planned_s=100.0)
+        rules = Rules(target=-0.3 * unit, chance=-math.inf, falls=True)
+        assert optimistic_tta(near, rules) == pytest.approx(100.0)
+        slow = Rules(target=-0.3 * unit, chance=-math.inf, falls=True, end_gain=0.2)
+        assert optimistic_tta(near, slow) > 150.0
+    # ... and the pruner reads stored rows (the loss in top-1's place) negated
+    pruner = TimeToAccuracyPruner(0.3, metric="top1", num_classes=None, falls=True)
+    assert pruner.rules.target == -0.3 and pruner.rules.falls
+    assert not pruner.rules.at_chance(-5.0)
+    with pytest.raises(ValueError, match="a target that falls must be above 0"):
+        TimeToAccuracyPruner(0.0, falls=True)

@@ -245,3 +245,25 @@ def test_a_resumed_plan_without_load_hooks_is_refused_in_one_line(tmp_path):
     trial = api.Trial(plan_for(tmp_path, resume_from=str(tmp_path / "step-3")), Worker())
     with pytest.raises(SystemExit, match="gave no way to load it: call trial.checkpointing"):
         trial.start()
+
+
+def test_a_target_that_falls_is_reached_at_or_below_it_and_its_best_is_the_least(tmp_path):
+    # target mode min (a loss): 2.0, 1.5, 1.0, ... reaches 1.0 at its third evaluation
+    worker = Worker()
+    target = {"metric": "val_loss", "value": 1.0, "mode": "min"}
+    trial = api.Trial(plan_for(tmp_path, target=target), worker)
+    trial.start()
+    while trial.running:
+        if trial.step_done(0.5):
+            trial.report(val_loss=2.5 - 0.25 * trial.step, top1=0.1 * trial.step)
+    summary = trial.end()
+    assert summary["reason"] == "reached" and trial.step == 6
+    assert summary["best_val_loss"] == pytest.approx(1.0)       # the least, not the first
+    assert summary["best_top1"] == pytest.approx(0.6)           # an accuracy's: the most
+    # a loss above 1 is no percentage; a negative one is no loss
+    again = api.Trial(plan_for(tmp_path, target=target), Worker())
+    again.start()
+    again.step_done()
+    again.report(val_loss=2.3)
+    with pytest.raises(ValueError, match="got val_loss=-0.5; a target metric that falls"):
+        again.report(val_loss=-0.5)

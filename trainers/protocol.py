@@ -20,11 +20,12 @@ the trainer stops on its own between evaluations (None: no deadline).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, TypedDict
 
 __all__ = ["ACK", "EXIT", "LEAVE_AFTER", "Plan", "Reply", "ZERO_INIT_MODELS", "decision", "go",
-           "falls", "leaves_after", "metric_problem", "plan_reply", "ranks_stay", "reaches",
-           "report_problem", "stop"]
+           "falling_name", "falls", "leaves_after", "metric_problem", "plan_reply",
+           "ranks_stay", "reaches", "report_problem", "stop"]
 
 Reply = dict[str, Any]
 
@@ -55,6 +56,17 @@ def ranks_stay(serves: bool, end: dict[str, Any] | None) -> bool:
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and \
         math.isfinite(float(value)) and value >= 0
+
+
+# Names of metrics that fall as training goes on: a target on one needs mode min.
+_FALLING = re.compile(r"(^|_)(loss|error|err|perplexity|ppl|wer|cer|mse|mae|rmse|fid|nll)($|_)",
+                      re.IGNORECASE)
+
+
+def falling_name(metric: str) -> bool:
+    """Whether ``metric`` is named as a metric that falls (a loss, an error rate, WER,
+    perplexity, FID): its target needs ``mode: min``."""
+    return bool(_FALLING.search(metric))
 
 
 def falls(target: Any) -> bool:

@@ -33,6 +33,8 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from trainers.protocol import falling_name
+
 from .._spread import Embedded
 
 __all__ = ["Run", "Table", "TableError", "load_table"]
@@ -690,6 +692,9 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
     if kind != "opda" and metric != "top1":
         raise TableError(f"--metric {metric} needs an opda table (its curves hold top_5 and "
                          f"may hold others); {spec} has one accuracy: leave --metric at top1")
+    if falling_name(metric):
+        raise TableError(f"--metric {metric} is a metric that falls (a loss, an error rate); "
+                         "compare replays targets on an accuracy, which rises")
     if not metric or not all(c.isalnum() or c in "_-." for c in metric):
         raise TableError(f"--metric must be top1, top5 or the name of an accuracy in an opda "
                          f"table's learning curves, got {metric!r}")

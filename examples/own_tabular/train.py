@@ -34,13 +34,16 @@ def table() -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
             torch.tensor(y_val))
 
 
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Validation accuracy; every rank holds the whole (small) validation table."""
+def validation(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Validation accuracy and cross-entropy; every rank holds the whole (small) validation
+    table."""
     model.eval()
     with torch.no_grad():
-        right = (model(x).argmax(1) == y).float().mean().item()
+        logits = model(x)
+        right = (logits.argmax(1) == y).float().mean().item()
+        loss = F.cross_entropy(logits, y).item()
     model.train()
-    return right
+    return right, loss
 
 
 def main() -> None:
@@ -70,7 +73,9 @@ def main() -> None:
                 loss.backward()
                 optimizer.step()
                 if trial.step_done(loss.item()):
-                    trial.report(top1=accuracy(model, x_val, y_val), loss=loss.item())
+                    right, val_loss = validation(model, x_val, y_val)
+                    # val_loss: a target that falls (target: {metric: val_loss, mode: min})
+                    trial.report(top1=right, val_loss=val_loss, loss=loss.item())
                 if not trial.running:
                     break
             epoch += 1
