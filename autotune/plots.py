@@ -54,11 +54,17 @@ def learning_curve(rows: Sequence[Sequence[Any]], metric: str, target: float, ti
 
 
 def _limits(ax: Any, values: Sequence[Any], target: float) -> None:
-    """The value axis: 0 to 1 for an accuracy; from 0 to the largest finite value shown for
-    a metric past 1 (a loss), the first evaluations' high values included."""
+    """The value axis: 0 to 1 for an accuracy; for a metric past 1 (a loss), a log scale over
+    the values shown, so a blown-up trial's 10^9 leaves the others' fall to the target in
+    view."""
     shown = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
     top = max([*shown, target], default=1.0)
-    ax.set_ylim(0, 1.02 if top <= 1.0 else top * 1.05)
+    if top <= 1.0:
+        ax.set_ylim(0, 1.02)
+        return
+    low = min([v for v in (*shown, target) if v > 0], default=target)
+    ax.set_yscale("log")
+    ax.set_ylim(low / 1.5, top * 1.5)
 
 
 def _save(fig: Any, path: Path) -> Path:

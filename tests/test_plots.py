@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import optuna
+import pytest
 
 from autotune.plots import _importance
 
@@ -48,3 +49,18 @@ def test_the_batch_picture_and_the_learning_curve_show_the_noise_scale(tmp_path)
                 [3.0, 0.8, 0.95, 0.75, 0.5]]     # an older row, without the noise scale
         path = learning_curve(rows, "top1", 0.9, "trial 0", tmp_path / "curve.png")
         assert path.stat().st_size > 0
+
+
+def test_a_loss_is_drawn_on_a_log_axis_and_an_accuracy_on_0_to_1():
+    import matplotlib.pyplot as plt
+
+    from autotune.plots import _limits
+
+    fig, ax = plt.subplots()
+    _limits(ax, [0.2, 0.9, None, float("nan")], 0.97)
+    assert ax.get_yscale() == "linear" and ax.get_ylim() == pytest.approx((0, 1.02))
+    # a blown-up trial at 1.6e9 beside others falling from 15 to a target of 0.15 (mode min)
+    _limits(ax, [1.6e9, 15.0, 0.09, 0.0], 0.15)
+    low, high = ax.get_ylim()
+    assert ax.get_yscale() == "log" and low < 0.09 and high > 1.6e9
+    plt.close(fig)
