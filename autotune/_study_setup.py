@@ -7,6 +7,7 @@ compared with this one."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -207,12 +208,15 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     cfg = _absolute_data(cfg)
     from trainers.sources import (
         Layout,
+        class_entropy,
         constant_answer,
         image_size_of,
         num_classes,
         read_layout,
         train_size,
     )
+
+    from .programs import is_bundled
 
     layout: Layout | None = None
     classes: int | None
@@ -231,6 +235,9 @@ def checked_space(cfg: StudyConfig) -> tuple[StudyConfig, SearchSpace, int]:
     if layout is not None and cfg.target.metric in ("top1", "top5"):  # a script's own metric
         _check_target_above_counts(cfg, *constant_answer(                # (an F1) scores a
             layout, 5 if cfg.target.metric == "top5" else 1))            # constant otherwise
+    if cfg.target.metric == "loss" and is_bundled(cfg.trainer.program) and classes:
+        _check_loss_below_prior(cfg, math.log(classes) if layout is None
+                                else class_entropy(layout))
     kind = str(cfg.trainer.data.get("kind", "digits"))
     data = DataInfo(train_images=size, num_classes=classes,
                     image_size=None if kind == "examples" else image_size_of(cfg.trainer.data),
@@ -284,6 +291,18 @@ def _check_target_above_counts(cfg: StudyConfig, share: float, answer: list[str]
                       f"is reached by a model that {said} {share:.1%} of the validation "
                       f"images; set target.value above {share:.4g} (the accuracy that "
                       "counts is what a model adds to that)")
+
+
+def _check_loss_below_prior(cfg: StudyConfig, prior: float) -> None:
+    """A target on the bundled trainer's validation loss (cross-entropy, mode min) that a
+    model answering every image with the class shares meets measures nothing either: that
+    model's loss is the classes' entropy (ln 10 on ten balanced classes)."""
+    if cfg.target.value < prior:
+        return
+    raise ConfigError(f"{cfg.source}: target.value {cfg.target.value:g} (loss) is met by a "
+                      "model that gives every image the class shares, whose validation "
+                      f"cross-entropy is {prior:.4g} (the classes' entropy); set "
+                      f"target.value below {prior:.4g}")
 
 
 def check_resumed_config(cfg: StudyConfig, study: optuna.Study, accept: bool,

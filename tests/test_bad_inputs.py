@@ -180,6 +180,9 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
                             "'minimize' is not allowed; use max"),
     "a falling target of 0": ("target: {metric: loss, mode: min, value: 0}\n",
                               "must be above 0 for a metric that falls"),
+    "a loss the class shares meet": ("target: {metric: loss, mode: min, value: 2.4}\n",
+                                     "is met by a model that gives every image the class "
+                                     "shares, whose validation cross-entropy is 2.303"),
     "seed negative": ("seed: -1\n", "seed must be from 0 to 2147483647, got -1"),
     "zero_init_residual without residual blocks": (
         "trainer: {model: vit_b_16, zero_init_residual: true}\n",

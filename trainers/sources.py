@@ -759,6 +759,17 @@ def constant_answer(layout: Layout, k: int) -> tuple[float, list[str]]:
     return share, [layout.classes[i] for i in largest]
 
 
+def class_entropy(layout: Layout) -> float:
+    """The validation cross-entropy (nats) of a model that gives every image the validation
+    set's class shares: what a model that learnt nothing but the class counts scores (the
+    classes' entropy; on balanced data, ln classes)."""
+    counts = [0] * len(layout.classes)
+    for _, label in layout.val:
+        counts[label] += 1
+    total = sum(counts)
+    return -sum(c / total * math.log(c / total) for c in counts if c) if total else 0.0
+
+
 _KINDS = "digits, imagefolder, synthetic, examples (a script of your own's data)"
 
 
