@@ -149,9 +149,7 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
          + (f"; left out: {_counts(left)} (stopped early, or no evaluation; --all writes "
             "those with a curve)" if left else ""))
     if falls(target):
-        echo(f"its target metric, {metric}, falls (mode: min): benchmarks/search_efficiency.py "
-             "compare replays targets on an accuracy only")
-        return 0
+        at += " --mode min"
     echo("replay them, from autotune's source tree: python benchmarks/search_efficiency.py "
          f"compare --table opda:{out.resolve()}{at}")
     return 0

@@ -2,12 +2,12 @@
 
     python benchmarks/search_efficiency.py record [--n 60] [--max-seconds 60] [--resume] [--out F]
     python benchmarks/search_efficiency.py compare [--table T] [--target A]
-        [--metric top1|top5|KEY] [--num-classes C] [--workers N] [--seeds 200] [--jobs N]
-        [--methods M,...] [--goals 1.5,1.25]
+        [--metric top1|top5|KEY] [--mode max|min] [--num-classes C] [--workers N]
+        [--seeds 200] [--jobs N] [--methods M,...] [--goals 1.5,1.25]
     python benchmarks/search_efficiency.py paper [--instances 167168,189873,189906]
     python benchmarks/search_efficiency.py live [--seeds 3] [--budget 300] [--table F]
     python benchmarks/search_efficiency.py breakdown [--seeds 20] [--table T] [--target A]
-        [--metric top1|top5|KEY] [--num-classes C]
+        [--metric top1|top5|KEY] [--mode max|min] [--num-classes C]
 
 ``record`` trains a random sample of quickstart configurations for real (the deepspeed
 launcher, 2 CPU ranks kept warm between configurations as a worker keeps them, digits, the
@@ -212,19 +212,19 @@ def record(n: int, max_seconds: float, seed: int, resume: bool = False,
 
 
 # -- replay -------------------------------------------------------------------------------------
-_TABLES: dict[tuple[str, float | None, str, int | None], Table] = {}
+_TABLES: dict[tuple[str, float | None, str, int | None, str], Table] = {}
 
 
 def table_of(spec: str, target: float | None, metric: str = "top1",
-             num_classes: int | None = None) -> Table:
+             num_classes: int | None = None, mode: str = "max") -> Table:
     """The table ``spec`` names (opda:PATH, yahpo-lcbench:INSTANCE, autotune:PATH or a path),
     loaded once a process."""
-    key = (spec, target, metric, num_classes)
+    key = (spec, target, metric, num_classes, mode)
     if key not in _TABLES:
         with contextlib.redirect_stdout(io.StringIO()):   # yahpo-gym prints a citation
             try:
                 table = load_table(spec, target, metric=metric, yahpo_data=YAHPO_DATA,
-                                   num_classes=num_classes)
+                                   num_classes=num_classes, mode=mode)
                 _ = table.best_tta            # a target no run reaches: said now, in one line
                 _TABLES[key] = table
             except TableError as e:
@@ -241,22 +241,23 @@ def _pool(jobs: int | None) -> ProcessPoolExecutor:
 
 
 def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ...], str,
-                               int | None]) -> Outcome:
+                               int | None, str]) -> Outcome:
     """One replayed study (in a pool worker)."""
-    spec, target, method, seed, workers, goals, metric, classes = job
-    return Replay(table_of(spec, target, metric, classes), method, seed, workers=workers,
+    spec, target, method, seed, workers, goals, metric, classes, mode = job
+    return Replay(table_of(spec, target, metric, classes, mode), method, seed, workers=workers,
                   goals=goals).run()
 
 
 def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
             jobs: int | None = None, workers: int = 1,
             methods: tuple[str, ...] = METHODS, goals: tuple[float, ...] = (1.5, 1.25),
-            metric: str = "top1", num_classes: int | None = None) -> None:
-    table = table_of(spec, target, metric, num_classes)
+            metric: str = "top1", num_classes: int | None = None, mode: str = "max") -> None:
+    table = table_of(spec, target, metric, num_classes, mode)
     best = table.best_tta
-    reaching = [r.reached_at(table.target) for r in table.runs]
+    reaching = [r.reached_at(table.target, table.falls) for r in table.runs]
     print(f"table {table.name}: {len(table.runs)} runs, "
-          f"{sum(t is not None for t in reaching)} reach {table.shown} >= "
+          f"{sum(t is not None for t in reaching)} reach {table.shown} "
+          f"{'<=' if table.falls else '>='} "
           f"{table.target:.4g}; best TTA {best:.5g} s; goals TTA <= "
           + ", ".join(f"{g} x best ({sum(t is not None and t <= g * best for t in reaching)}"
                       " runs)" for g in goals)
@@ -285,7 +286,7 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
     with _pool(jobs) as pool:
         for method in methods:
             outs = list(pool.map(_replay_outcome, [(spec, target, method, seed, workers,
-                                                    goals, metric, num_classes)
+                                                    goals, metric, num_classes, mode)
                                                    for seed in range(seeds)]))
             # a study that never found the goal has no compute to it: infinite, so a method
             # that misses in half its studies has no finite median (not its cap's compute)
@@ -320,10 +321,10 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
 
 def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
               target: float | None = None, metric: str = "top1",
-              num_classes: int | None = None) -> None:
+              num_classes: int | None = None, mode: str = "max") -> None:
     """Where autotune's compute goes until it finds the goal: seconds by how trials ended,
     launch overhead apart, with autotune's sampler or with random proposals."""
-    table = table_of(spec, target, metric, num_classes)
+    table = table_of(spec, target, metric, num_classes, mode)
     phases: dict[str, dict[str, list[float]]] = {"until": {}, "after": {}}
     overhead = total = 0.0
     for seed in range(seeds):
@@ -590,12 +591,16 @@ def main(argv: list[str] | None = None) -> None:
                      help="processes replaying studies (default: one a CPU core)")
     cmp.add_argument("--table", default=str(DATA), help=table_help)
     cmp.add_argument("--target", type=float, default=None,
-                     help="the accuracy to reach (0-1); needed for opda tables; YAHPO: "
+                     help="the accuracy to reach (0-1), or with --mode min the value of a "
+                          "falling metric to get down to; needed for opda tables; YAHPO: "
                           "default where the best 2%% of configurations reach")
     metric_help = ("the accuracy the target is on: top1, or top5 (opda tables, whose curves "
                    "hold top_5: DAWNBench's 93%% top-5), or the key of another accuracy in an "
                    "opda table's curves (val_raw_accuracy)")
     cmp.add_argument("--metric", default="top1", help=metric_help)
+    mode_help = ("max: the metric is an accuracy, reached at or above --target; min: it falls "
+                 "(an opda table's val_loss, say), reached at or below it")
+    cmp.add_argument("--mode", choices=("max", "min"), default="max", help=mode_help)
     classes_help = ("an opda table's number of classes, for chance accuracy (default: its "
                     "rows' num_classes, else 1000, ImageNet's)")
     cmp.add_argument("--num-classes", type=int, default=None, help=classes_help)
@@ -612,6 +617,7 @@ def main(argv: list[str] | None = None) -> None:
     bd.add_argument("--table", default=str(DATA), help=table_help)
     bd.add_argument("--target", type=float, default=None)
     bd.add_argument("--metric", default="top1", help=metric_help)
+    bd.add_argument("--mode", choices=("max", "min"), default="max", help=mode_help)
     bd.add_argument("--num-classes", type=int, default=None, help=classes_help)
     pp = sub.add_parser("paper", help="the YAHPO Gym paper's own protocol (best validation "
                                       "accuracy within 6,544 epochs): the harness's check")
@@ -630,13 +636,18 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name, 1) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got "
                          f"{getattr(args, name)}")
-    if getattr(args, "target", None) is not None and not 0 < args.target <= 1:
-        parser.error(f"--target must be an accuracy in (0, 1], got {args.target}")
+    falling = getattr(args, "mode", "max") == "min"
+    if getattr(args, "target", None) is not None and not falling \
+            and not 0 < args.target <= 1:
+        parser.error(f"--target must be an accuracy in (0, 1], got {args.target} (for a "
+                     "metric that falls, a loss, give --mode min)")
+    if falling and args.target is not None and not 0 < args.target < math.inf:
+        parser.error(f"--target must be above 0 for a metric that falls, got {args.target}")
     if args.command == "record":
         record(args.n, args.max_seconds, args.seed, args.resume, args.out)
     elif args.command == "breakdown":
         breakdown(args.seeds, args.proposals, args.table, args.target, args.metric,
-                  args.num_classes)
+                  args.num_classes, args.mode)
     elif args.command == "live":
         live(args.seeds, args.budget, args.table)
     elif args.command == "paper":
@@ -656,7 +667,7 @@ def main(argv: list[str] | None = None) -> None:
         if not goals or not all(1 <= g < math.inf for g in goals):
             parser.error(bad_goals)
         compare(args.seeds, args.table, args.target, args.jobs, args.workers, methods, goals,
-                args.metric, args.num_classes)
+                args.metric, args.num_classes, args.mode)
 
 
 if __name__ == "__main__":

@@ -218,6 +218,6 @@ def test_a_target_on_a_metric_that_falls_is_reached_at_or_below_it(tmp_path):
     exported = run_cli("export", "curves", "own_tabular", "--all", "--out",
                        str(tmp_path / "curves.jsonl"), cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
-    assert "replays targets on an accuracy" in exported.stdout
+    assert "--target 0.12 --metric val_loss --mode min" in exported.stdout
     rows = [json.loads(line) for line in (tmp_path / "curves.jsonl").read_text().splitlines()]
     assert rows and all("val_loss" in e for r in rows for e in r["learning_curve"])

@@ -493,3 +493,49 @@ def test_the_uniform_bound_counts_goal_proposals_and_an_oracle_pruners_compute()
     assert bound.miss_share == pytest.approx((1 - bound.hit_share) ** 150)
     never = Table("no goal drawn", 0.8, [goal, slow], table.space, lambda params: slow)
     assert uniform_bound(never, 1.5, draws=200) is None
+
+
+def _loss_file(tmp_path: Path) -> Path:
+    """The six runs of ``_opda_file`` with a validation loss falling as their top-1 rises
+    (val_loss = 3 - 2.9 x top-1), as a study of a loss target exports them."""
+    path = _opda_file(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        for entry in row["learning_curve"]:
+            entry["val_loss"] = 3.0 - 2.9 * entry["top_1"]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_table_of_a_metric_that_falls_replays_with_mode_min(tmp_path, method):
+    path = _loss_file(tmp_path)
+    table = load_table(f"opda:{path}", 1.26, metric="val_loss", mode="min")
+    accuracy = load_table(f"opda:{path}", 0.60)
+    # val_loss <= 1.26 where top-1 >= 0.60: the same runs reach, at the same times
+    assert table.falls and table.best_tta == pytest.approx(accuracy.best_tta)
+    assert [r.reached_at(1.26, True) for r in table.runs] == \
+        [r.reached_at(0.60) for r in accuracy.runs]
+    replay = Replay(table, method, seed=1, max_trials=24, min_compute_factor=2.0)
+    outcome = replay.run()
+    assert outcome.trials == len(outcome.spent) > 0
+    for trial in replay.study.trials:
+        best = trial.user_attrs.get("best_metric")
+        if best is not None and method == "autotune":
+            curve = [row[1] for row in trial.user_attrs["curve"]]
+            assert best == pytest.approx(min(curve))            # a loss's best: its least
+    if method == "autotune":
+        assert outcome.found[1.5]
+
+
+def test_a_falling_metric_needs_mode_min_and_an_accuracy_refuses_it(tmp_path):
+    path = _loss_file(tmp_path)
+    with pytest.raises(TableError, match="val_loss is a metric that falls.*give --mode min"):
+        load_table(f"opda:{path}", 0.5, metric="val_loss")
+    with pytest.raises(TableError, match="--mode min is for a metric that falls"):
+        load_table(f"opda:{path}", 0.5, mode="min")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[0]["learning_curve"][0]["val_loss"] = -1.0
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(TableError, match="val_loss is -1; a metric that falls"):
+        load_table(f"opda:{path}", 0.5, metric="val_loss", mode="min")

@@ -69,7 +69,7 @@ def uniform_bound(table: Table, goal: float = 1.5, *, draws: int = 10_000,
         dropped = 0
         study.tell(trial, 0.0)
         run = table.train(params)
-        tta = run.reached_at(table.target)
+        tta = run.reached_at(table.target, table.falls)
         if tta is not None and tta <= deadline:
             hits.append(tta + run.overhead_s)
         else:

@@ -31,12 +31,15 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from trainers.protocol import reaches
+
 from ..decisions import (
     TrialResult,
     classify,
     curve_row,
     eval_reply,
     eval_writes,
+    shortfall,
     start_reply,
     tell,
 )
@@ -128,9 +131,12 @@ class _DEHB:
         job = self.dehb.ask()
         return job, dict(job["config"])
 
-    def tell(self, job: dict[str, Any], result: TrialResult, elapsed: float) -> None:
+    def tell(self, job: dict[str, Any], result: TrialResult, elapsed: float,
+             table: Table) -> None:
+        missed = (1.0 + shortfall(result.best_metric, table.target, True) if table.falls
+                  else 2.0 - result.best_metric)          # in [1, 2]: closer misses first
         fitness = (float(result.value) if result.outcome == "reached" and result.value
-                   is not None else self.miss * (2.0 - result.best_metric))
+                   is not None else self.miss * missed)
         self.dehb.tell(job, {"fitness": fitness, "cost": elapsed})
 
     def close(self) -> None:
@@ -159,7 +165,7 @@ class _Running:
     overhead: float
     k: int = 0
     deadline: float | None = None
-    best: float = 0.0
+    best: float = 0.0                  # the best value so far (a falling metric's least)
     stop_reason: str = ""
     curve: list[list[Any]] = field(default_factory=list)
     reported_epoch: int = 0
@@ -214,7 +220,8 @@ class Replay:
     def _pruner(self) -> optuna.pruners.BasePruner:
         t = self.table
         if self.autotune:
-            return TimeToAccuracyPruner(t.target, metric=t.metric, num_classes=t.num_classes)
+            return TimeToAccuracyPruner(t.target, metric=t.metric, num_classes=t.num_classes,
+                                        falls=t.falls)
         if self.method == "tpe_median":
             return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
         if self.method == "tpe_median_sh":
@@ -293,7 +300,8 @@ class Replay:
         run = self.table.train(params)
         overhead = run.overhead_s + (run.launch_s if worker not in self._launched else 0.0)
         self._launched.add(worker)
-        state = _Running(trial, run, now, now + overhead, overhead, job=job)
+        state = _Running(trial, run, now, now + overhead, overhead, job=job,
+                         best=math.inf if self.table.falls else 0.0)
         if self.autotune:
             reply = start_reply(self.pruner, self.study)
             state.replies.append(reply)
@@ -323,17 +331,18 @@ class Replay:
                                       if s.k else 0.0})
         k, value = s.k, run.values[s.k]
         s.k += 1
-        s.best = max(s.best, value)
+        falls = self.table.falls
+        s.best = min(s.best, value) if falls else max(s.best, value)
         loss = run.losses[k] if k < len(run.losses) else None
         msg: dict[str, Any] = {"type": "eval", "index": k, "elapsed_s": run.times[k],
                                "epoch": run.epochs[k], "top1": None, "top5": None,
                                self.table.metric: value, "loss": loss}
-        reached = value >= self.table.target
+        reached = reaches(value, self.table.target, falls)
         if reached:
             msg["reached"] = True
         if self.autotune:
             s.curve.append(curve_row(msg, run.planned_epochs))
-            for write in eval_writes(s.trial, msg, self.table.metric, s.curve):
+            for write in eval_writes(s.trial, msg, self.table.metric, s.curve, falls):
                 write()
             reply = eval_reply(self.pruner, self.study, s.trial, msg)
             s.replies.append(reply)
@@ -350,8 +359,12 @@ class Replay:
         return False
 
     def _baseline_prunes(self, s: _Running, k: int, value: float) -> bool:
+        # the baselines' conventions: ASHA's metric higher is better (mode max), Optuna's
+        # intermediate values lower (an accuracy's error); a falling metric as it is
+        falls = self.table.falls
         if self.asha is not None:
-            return self.asha.on_result(s.trial.number, s.run.times[k], value)
+            return self.asha.on_result(s.trial.number, s.run.times[k], -value if falls else value)
+        error = value if falls else 1.0 - value
         done = int(s.run.epochs[k] + 1e-6)
         if done <= s.reported_epoch:
             return False            # Optuna's pruners see one report an epoch, at its end
@@ -362,18 +375,18 @@ class Replay:
             if not passed or passed[-1] < s.sh_next:
                 return False
             s.sh_next = passed[-1] + 1
-            s.trial.report(1.0 - value, step=passed[-1])
+            s.trial.report(error, step=passed[-1])
             return s.trial.should_prune()
-        s.trial.report(1.0 - value, step=done - 1)
+        s.trial.report(error, step=done - 1)
         return s.trial.should_prune()
 
     def _end(self, s: _Running, now: float, end: dict[str, Any]) -> bool:
         result = s.result = classify(s.trial.number, end, 0, "", s.best, s.k, s.stop_reason)
         tell(self.study, s.trial, result, autotune=self.autotune, target=self.table.target,
-             penalty=self.penalty)
+             penalty=self.penalty, falls=self.table.falls)
         seconds = float(end["elapsed_s"])
         if self.dehb is not None and s.job is not None:
-            self.dehb.tell(s.job, result, seconds)
+            self.dehb.tell(s.job, result, seconds, self.table)
         self.compute += s.overhead + seconds
         self.spent.append((result.reason, s.overhead, seconds))
         if result.outcome == "reached" and self.first_reach is None:

@@ -33,7 +33,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from trainers.protocol import falling_name
+from trainers.protocol import falling_name, reaches
 
 from .._spread import Embedded
 
@@ -49,7 +49,8 @@ class Run:
     """What training one configuration reports."""
 
     times: tuple[float, ...]          # elapsed seconds at each evaluation
-    values: tuple[float, ...]         # the target metric at each evaluation (0-1)
+    values: tuple[float, ...]         # the target metric at each evaluation (an accuracy's
+                                      # 0-1, or a falling metric's value: Table.falls)
     epochs: tuple[float, ...]         # epochs done at each evaluation
     planned_epochs: float
     end: str = "planned_epochs"       # planned_epochs | diverged: how the run ended after them
@@ -58,9 +59,11 @@ class Run:
     overhead_s: float = 0.0           # paid besides the training clock, every trial
     launch_s: float = 0.0             # paid at a worker's first trial (warm ranks after it)
 
-    def reached_at(self, target: float) -> float | None:
-        return next((t for t, v in zip(self.times, self.values, strict=True) if v >= target),
-                    None)
+    def reached_at(self, target: float, falls: bool = False) -> float | None:
+        """The elapsed seconds of the first evaluation at or above ``target`` (at or below it
+        where the metric ``falls``), None if none."""
+        return next((t for t, v in zip(self.times, self.values, strict=True)
+                     if reaches(v, target, falls)), None)
 
     @property
     def elapsed(self) -> float:
@@ -90,6 +93,7 @@ class Table:
     credit: str = ""
     notes: list[str] = field(default_factory=list)
     metric_name: str = ""             # what the table calls it, when not top1 or top5
+    falls: bool = False               # the metric falls to the target (a loss: --mode min)
 
     @property
     def shown(self) -> str:
@@ -103,10 +107,12 @@ class Table:
 
     @property
     def best_tta(self) -> float:
-        times = [t for t in (r.reached_at(self.target) for r in self.runs) if t is not None]
+        times = [t for t in (r.reached_at(self.target, self.falls) for r in self.runs)
+                 if t is not None]
         if not times:
-            raise TableError(f"no run of table {self.name} reaches {self.shown} >= "
-                             f"{self.target}; give a lower --target")
+            raise TableError(f"no run of table {self.name} reaches {self.shown} "
+                             f"{'<=' if self.falls else '>='} {self.target}; give "
+                             f"{'a higher' if self.falls else 'a lower'} --target")
         return min(times)
 
     @property
@@ -249,10 +255,11 @@ def _shown(value: Any) -> str:
 
 
 def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
-              offset: int | None = None) -> Run:
+              offset: int | None = None, falls: bool = False) -> Run:
     """One run of an opda table: ``key`` the metric's entry key, ``length`` the key of the
     schedule's length (``_OPDA_LENGTHS``); ``offset``: what to add to an entry's count to get
-    the units done (None: the layout's own, 1 for opda's 0-indexed epochs)."""
+    the units done (None: the layout's own, 1 for opda's 0-indexed epochs); ``falls``: the
+    metric falls (a loss: 0 or more, any size), else it is an accuracy (0 to 1)."""
     curve = row["learning_curve"]
     if not isinstance(curve, list):
         raise TableError(f"{where}: learning_curve must be a list of evaluations")
@@ -272,10 +279,13 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
             raise TableError(f"{where}: learning_curve entry {i + 1} has no {key} (it holds "
                              f"{held}); give --metric one of its accuracies")
         value = _number(p[key])
-        if value is not None and not 0 <= value <= 1:
+        if value is not None and falls and value < 0:
+            raise TableError(f"{where}: learning_curve entry {i + 1}: {key} is {value:g}; a "
+                             "metric that falls (--mode min: a loss) is 0 or more")
+        if value is not None and not falls and not 0 <= value <= 1:
             raise TableError(f"{where}: learning_curve entry {i + 1}: {key} is {value:g}; the "
                              "target's metric is an accuracy, a share from 0 to 1 (a "
-                             "percentage divided by 100; a loss cannot be one)")
+                             "percentage divided by 100; for a loss give --mode min)")
         if value is None:
             if p[key] is not None and not (isinstance(p[key], float) and math.isnan(p[key])):
                 raise TableError(f"{where}: learning_curve entry {i + 1}: {key} must be a "
@@ -426,9 +436,10 @@ def _opda_extras(rows: list[dict[str, Any]], length: str = "epochs"
     return extras, notes
 
 
-def opda(path: Path, target: float, metric: str = "top1", num_classes: int | None = None
-         ) -> Table:
-    """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target``.
+def opda(path: Path, target: float, metric: str = "top1", num_classes: int | None = None,
+         falls: bool = False) -> Table:
+    """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target`` (<=
+    where it ``falls``: a loss, ``--mode min``).
 
     Each run needs ``learning_curve`` and its schedule's length: ``epochs`` (opda's image
     tables: each entry's ``epoch`` 0-indexed, its ``time``) or ``total_steps`` (opda's
@@ -485,7 +496,7 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
         offset = 0
         notes.append("the entries count epochs from 1 (no entry at epoch 0, and some at a "
                      "run's last epoch): read as epochs done")
-    runs = [_opda_run(row, key, f"{path}, line {number}", length, offset)
+    runs = [_opda_run(row, key, f"{path}, line {number}", length, offset, falls)
             for number, row in enumerate(rows, start=1)]
     fixed = [n for n in names if len({repr(p[n]) for p in points}) < 2]
     if fixed and len(fixed) == len(names):
@@ -513,7 +524,7 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
             num_classes = 1000
             notes.append("1,000 classes assumed (ImageNet's) for chance accuracy; give "
                          "--num-classes for another data set")
-        elif num_classes is None:
+        elif num_classes is None and not falls:
             notes.append(f"chance accuracy of {metric} unknown: the at-chance rules are off "
                          "(give --num-classes to set it)")
     # A run whose loss went NaN before its first evaluation: it cost about half an epoch.
@@ -531,6 +542,7 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
     return Table(f"opda:{path.name}", target, runs, space, _nearest(space, points, runs),
                  num_classes=num_classes, metric="top5" if metric == "top5" else "top1",
                  metric_name="" if metric in ("top1", "top5") else metric, notes=notes,
+                 falls=falls,
                  credit="in opda's format (Lourie et al., arXiv 2311.09480); credit whoever "
                         "recorded it (opda's own ConvNeXt-tiny curves: CC BY-SA 4.0)")
 
@@ -677,11 +689,14 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
 
 
 def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
-               yahpo_data: Path | None = None, num_classes: int | None = None) -> Table:
+               yahpo_data: Path | None = None, num_classes: int | None = None,
+               mode: str = "max") -> Table:
     """``spec``: ``opda:PATH``, ``yahpo-lcbench:INSTANCE``, ``autotune:PATH`` or a bare path
     (an autotune-recorded table). ``metric``: ``top1``, or ``top5`` (opda tables only: their
     curves hold ``top_5``; DAWNBench's metric). ``num_classes``: the classes of an opda
-    table's data set (chance accuracy; default: what its rows say, else 1000)."""
+    table's data set (chance accuracy; default: what its rows say, else 1000). ``mode``:
+    max (an accuracy, reached at or above ``target``) or min (a metric that falls, a loss,
+    reached at or below it; opda tables' own metrics only)."""
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in ("opda", "yahpo-lcbench", "autotune"):
         if sep and len(kind) > 1 and not Path(spec).exists():   # C:\... is a path
@@ -692,9 +707,15 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
     if kind != "opda" and metric != "top1":
         raise TableError(f"--metric {metric} needs an opda table (its curves hold top_5 and "
                          f"may hold others); {spec} has one accuracy: leave --metric at top1")
-    if falling_name(metric):
+    if mode not in ("max", "min"):
+        raise TableError(f"--mode must be max (an accuracy) or min (a metric that falls, a "
+                         f"loss), got {mode!r}")
+    if mode == "min" and (kind != "opda" or metric in ("top1", "top5")):
+        raise TableError(f"--mode min is for a metric that falls in an opda table's curves "
+                         f"(--metric val_loss, say); {metric} of {spec} is an accuracy")
+    if mode == "max" and falling_name(metric):
         raise TableError(f"--metric {metric} is a metric that falls (a loss, an error rate); "
-                         "compare replays targets on an accuracy, which rises")
+                         "give --mode min")
     if not metric or not all(c.isalnum() or c in "_-." for c in metric):
         raise TableError(f"--metric must be top1, top5 or the name of an accuracy in an opda "
                          f"table's learning curves, got {metric!r}")
@@ -705,9 +726,9 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
         raise TableError(f"--num-classes must be at least 2, got {num_classes}")
     if kind == "opda":
         if target is None:
-            raise TableError(f"an opda table needs --target (the {metric} accuracy to reach, "
-                             "e.g. 0.70)")
-        return opda(Path(rest).expanduser(), target, metric, num_classes)
+            raise TableError(f"an opda table needs --target (the {metric} to reach, e.g. "
+                             f"{'0.1' if mode == 'min' else '0.70'})")
+        return opda(Path(rest).expanduser(), target, metric, num_classes, mode == "min")
     if kind == "yahpo-lcbench":
         data = yahpo_data or Path(__file__).resolve().parents[3] / "shared" / "external" \
             / "yahpo-lcbench"
