@@ -248,6 +248,7 @@ _ALIASES = {"name": "study_name", "study": "study_name", "space": "search_space"
             "n_workers": "workers", "num_workers": "workers", "trials": "budget.n_trials",
             "num_samples": "budget.n_trials", "timeout": "budget.timeout_s",
             "time_budget_s": "budget.timeout_s", "metric": "target.metric",
+            "direction": "target.mode", "goal": "target.mode",
             "model_name": "trainer.model", "arch": "trainer.model",
             "dataset": "trainer.data", "data_dir": "trainer.data.path",
             "data_path": "trainer.data.path", "batch_size": "search_space",
