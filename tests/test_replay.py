@@ -539,3 +539,19 @@ def test_a_falling_metric_needs_mode_min_and_an_accuracy_refuses_it(tmp_path):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(TableError, match="val_loss is -1; a metric that falls"):
         load_table(f"opda:{path}", 0.5, metric="val_loss", mode="min")
+
+
+def test_a_yahpo_instance_replays_its_validation_loss_with_mode_min():
+    pytest.importorskip("yahpo_gym")
+    table = load_table("yahpo-lcbench:167168", yahpo_data=EXTERNAL / "yahpo-lcbench",
+                       metric="val_cross_entropy", mode="min")
+    assert table.falls and table.target > 0 and "val_cross_entropy" in table.notes[0]
+    # the best 2% of the sample reach at or below the target by their end; the rest do not
+    reach = [r.reached_at(table.target, True) is not None for r in table.runs]
+    assert 0.015 <= sum(reach) / len(reach) <= 0.03
+    for method in ("autotune", "asha_wallclock"):
+        outcome = Replay(table, method, seed=0, max_trials=20, min_compute_factor=0.0).run()
+        assert outcome.trials >= 20 and outcome.compute > 0
+    with pytest.raises(TableError, match="give --mode min"):
+        load_table("yahpo-lcbench:167168", yahpo_data=EXTERNAL / "yahpo-lcbench",
+                   metric="val_cross_entropy")

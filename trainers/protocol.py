@@ -59,8 +59,8 @@ def _number(value: Any) -> bool:
 
 
 # Names of metrics that fall as training goes on: a target on one needs mode min.
-_FALLING = re.compile(r"(^|_)(loss|error|err|perplexity|ppl|wer|cer|mse|mae|rmse|fid|nll)($|_)",
-                      re.IGNORECASE)
+_FALLING = re.compile(r"(^|_)(loss|error|err|entropy|xent|perplexity|ppl|wer|cer|mse|mae|rmse|"
+                      r"fid|nll)($|_)", re.IGNORECASE)
 
 
 def falling_name(metric: str) -> bool:

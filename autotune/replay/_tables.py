@@ -615,11 +615,21 @@ def increasing(times: Sequence[float]) -> tuple[float, ...]:
     return tuple(out)
 
 
+# The LCBench surrogate's validation metrics a replay may target: its name there, and whether
+# it falls (a loss) or is an accuracy in percent.
+_YAHPO_METRICS = {"top1": ("val_accuracy", False),
+                  "val_cross_entropy": ("val_cross_entropy", True)}
+
+
 def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
-                  top_share: float = 0.02, sample_size: int = 2000, seed: int = 0) -> Table:
+                  top_share: float = 0.02, sample_size: int = 2000, seed: int = 0,
+                  metric: str = "top1") -> Table:
     """The LCBench surrogate for OpenML task ``instance`` (``data_path`` holds YAHPO's
     ``lcbench`` folder). Without ``target``, the target is the validation accuracy the best
-    ``top_share`` of ``sample_size`` random configurations reach by their last epoch."""
+    ``top_share`` of ``sample_size`` random configurations reach by their last epoch.
+    ``metric``: ``top1`` (the validation accuracy) or ``val_cross_entropy`` (the validation
+    loss, which falls: its target is the least value that share reaches)."""
+    name, falls = _YAHPO_METRICS[metric]
     try:
         from yahpo_gym import BenchmarkSet, local_config
     except ImportError:
@@ -665,7 +675,8 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
                        for e in range(1, epochs + 1)]
             out = bench.objective_function(queries)
             times = tuple(float(o["time"]) for o in out)
-            values = tuple(min(max(float(o["val_accuracy"]) / 100.0, 0.0), 1.0) for o in out)
+            values = tuple(max(float(o[name]), 0.0) if falls else
+                           min(max(float(o[name]) / 100.0, 0.0), 1.0) for o in out)
             cache[key] = Run(increasing(times), values,
                              tuple(float(e) for e in range(1, epochs + 1)), float(epochs))
         return cache[key]
@@ -678,12 +689,14 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
         study.tell(trial, 0.0)
     notes = []
     if target is None:
-        finals = sorted((max(r.values) for r in runs), reverse=True)
+        finals = sorted((min(r.values) if falls else max(r.values) for r in runs),
+                        reverse=not falls)
         target = finals[max(int(top_share * len(finals)) - 1, 0)]
-        notes.append(f"target {target:.4f}: the best validation accuracy the top "
-                     f"{100 * top_share:g}% of {sample_size} random configurations reach")
+        notes.append(f"target {target:.4f}: the best {name} the top {100 * top_share:g}% of "
+                     f"{sample_size} random configurations reach")
     return Table(f"yahpo-lcbench:{instance}", float(target), runs, space, train,
-                 num_classes=None, metric="top1",
+                 num_classes=None, metric="top1", falls=falls,
+                 metric_name="" if metric == "top1" else metric,
                  credit="YAHPO Gym LCBench surrogate (Pfisterer et al., arXiv 2109.03670; "
                         "Apache-2.0)", notes=notes)
 
@@ -704,15 +717,19 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
                              "yahpo-lcbench:INSTANCE, autotune:PATH or the path of a table "
                              "that `record` wrote")
         kind, rest = "autotune", spec
-    if kind != "opda" and metric != "top1":
+    if kind == "yahpo-lcbench" and metric not in _YAHPO_METRICS:
+        raise TableError(f"--metric {metric}: a yahpo-lcbench table replays top1 (the "
+                         "validation accuracy) or val_cross_entropy (with --mode min)")
+    if kind == "autotune" and metric != "top1":
         raise TableError(f"--metric {metric} needs an opda table (its curves hold top_5 and "
                          f"may hold others); {spec} has one accuracy: leave --metric at top1")
     if mode not in ("max", "min"):
         raise TableError(f"--mode must be max (an accuracy) or min (a metric that falls, a "
                          f"loss), got {mode!r}")
-    if mode == "min" and (kind != "opda" or metric in ("top1", "top5")):
+    if mode == "min" and (kind == "autotune" or metric in ("top1", "top5")):
         raise TableError(f"--mode min is for a metric that falls in an opda table's curves "
-                         f"(--metric val_loss, say); {metric} of {spec} is an accuracy")
+                         f"(--metric val_loss, say) or LCBench's val_cross_entropy; {metric} "
+                         f"of {spec} is an accuracy")
     if mode == "max" and falling_name(metric):
         raise TableError(f"--metric {metric} is a metric that falls (a loss, an error rate); "
                          "give --mode min")
@@ -732,5 +749,5 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
     if kind == "yahpo-lcbench":
         data = yahpo_data or Path(__file__).resolve().parents[3] / "shared" / "external" \
             / "yahpo-lcbench"
-        return yahpo_lcbench(rest, data, target)
+        return yahpo_lcbench(rest, data, target, metric=metric)
     return autotune_table(Path(rest).expanduser(), 0.97 if target is None else target)
