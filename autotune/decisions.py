@@ -293,7 +293,9 @@ def shortfall(best: float, target: float, falls: bool = False) -> float:
     loss), the share of its best value above the target, ``1 - target / best``, below 1 too,
     so a failed configuration's constraint (2, or 1 + target) is worse than any."""
     if falls:
-        return 1.0 - target / best if best > 0 and math.isfinite(best) else 1.0
+        if not math.isfinite(best):     # no evaluation: as far off as a miss can be
+            return 1.0
+        return 1.0 - target / best if best > 0 else -1.0     # 0: a perfect score, reached
     return target - best
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -257,3 +258,18 @@ def test_a_trial_line_printed_from_the_store_says_how_many_images_were_skipped()
                                       "elapsed_s": 3.0, "unreadable_images": 2})
     line = format_result(result_of(stored), "top1")    # as start study --workers 0 prints it
     assert line.endswith("(2 unreadable image(s) skipped: named in the trial's log)")
+
+
+def test_a_shortfall_is_a_gap_for_an_accuracy_and_a_share_for_a_metric_that_falls():
+    from autotune.decisions import shortfall
+
+    assert shortfall(0.6, 0.7) == pytest.approx(0.1)
+    assert shortfall(0.75, 0.7) == pytest.approx(-0.05)          # reached: feasible
+    # a loss of 0.5 against 0.25 is twice its target: half of it is above; any unit alike
+    assert shortfall(0.5, 0.25, True) == pytest.approx(0.5)
+    assert shortfall(50.0, 25.0, True) == pytest.approx(0.5)
+    assert shortfall(0.2, 0.25, True) < 0                         # reached
+    assert shortfall(0.0, 0.25, True) < 0                         # a perfect 0 reached too
+    assert shortfall(math.inf, 0.25, True) == 1.0                 # never evaluated
+    # every miss stays below a failed configuration's constraint (2 for a metric that falls)
+    assert all(shortfall(v, 0.25, True) < 2 for v in (0.3, 3.0, 3e9))
