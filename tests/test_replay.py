@@ -541,6 +541,8 @@ def test_a_falling_metric_needs_mode_min_and_an_accuracy_refuses_it(tmp_path):
         load_table(f"opda:{path}", 0.5, metric="val_loss", mode="min")
 
 
+@pytest.mark.skipif(not (EXTERNAL / "yahpo-lcbench" / "lcbench" / "model.onnx").is_file(),
+                    reason="the YAHPO LCBench surrogate is not beside the repository")
 def test_a_yahpo_instance_replays_its_validation_loss_with_mode_min():
     pytest.importorskip("yahpo_gym")
     table = load_table("yahpo-lcbench:167168", yahpo_data=EXTERNAL / "yahpo-lcbench",
