@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
 
@@ -438,3 +439,15 @@ def test_an_image_larger_than_pil_opens_is_read_at_its_decoded_scale_or_named(tm
         f"ImageFolder {tmp_path / 'tree'}: 12 of its 12 images are too large to decode (e.g. ")
     assert check.error().endswith("resize or tile them to a few times the training size, "
                                   "then start the study again")
+
+
+def test_the_class_shares_loss_is_the_entropy_of_the_validation_classes():
+    # what a model that learnt only the class counts scores on the validation cross-entropy
+    from trainers.sources import Layout, class_entropy, constant_answer
+
+    balanced = Layout(["a", "b", "c", "d"], [], [(f"{i}.png", i % 4) for i in range(40)])
+    assert class_entropy(balanced) == pytest.approx(math.log(4))
+    skewed = Layout(["a", "b"], [], [("x.png", 0)] * 9 + [("y.png", 1)])
+    assert class_entropy(skewed) == pytest.approx(-(0.9 * math.log(0.9) + 0.1 * math.log(0.1)))
+    assert constant_answer(skewed, 1) == (pytest.approx(0.9), ["a"])
+    assert class_entropy(Layout(["a"], [], [])) == 0.0

@@ -747,13 +747,19 @@ def check_images(spec: dict[str, Any], sample: int = _CHECK_SAMPLE, seed: int = 
     return ImageCheck(str(spec.get("path", "")), len(paths), len(chosen), tuple(bad))
 
 
+def _val_counts(layout: Layout) -> list[int]:
+    """The validation images of each class, in class order."""
+    counts = [0] * len(layout.classes)
+    for _, label in layout.val:
+        counts[label] += 1
+    return counts
+
+
 def constant_answer(layout: Layout, k: int) -> tuple[float, list[str]]:
     """The top-``k`` validation accuracy of a model that answers the same ``k`` classes for
     every image (the most common ones in the validation set), and those classes: what a model
     that learnt nothing but the class counts scores. On balanced data, k / classes."""
-    counts = [0] * len(layout.classes)
-    for _, label in layout.val:
-        counts[label] += 1
+    counts = _val_counts(layout)
     largest = sorted(range(len(counts)), key=lambda i: (-counts[i], i))[:k]
     share = sum(counts[i] for i in largest) / max(len(layout.val), 1)
     return share, [layout.classes[i] for i in largest]
@@ -763,9 +769,7 @@ def class_entropy(layout: Layout) -> float:
     """The validation cross-entropy (nats) of a model that gives every image the validation
     set's class shares: what a model that learnt nothing but the class counts scores (the
     classes' entropy; on balanced data, ln classes)."""
-    counts = [0] * len(layout.classes)
-    for _, label in layout.val:
-        counts[label] += 1
+    counts = _val_counts(layout)
     total = sum(counts)
     return -sum(c / total * math.log(c / total) for c in counts if c) if total else 0.0
 
