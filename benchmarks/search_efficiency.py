@@ -258,7 +258,7 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
     print(f"table {table.name}: {len(table.runs)} runs, "
           f"{sum(t is not None for t in reaching)} reach {table.shown} "
           f"{'<=' if table.falls else '>='} "
-          f"{table.target:.4g}; best TTA {best:.5g} s; goals TTA <= "
+          f"{table.target:.4g}; best TTA {table.amount(best, 5)}; goals TTA <= "
           + ", ".join(f"{g} x best ({sum(t is not None and t <= g * best for t in reaching)}"
                       " runs)" for g in goals)
           + f"; {workers} worker{'s' if workers > 1 else ''}, {seeds} studies a method")
@@ -280,9 +280,10 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
               f"proposals train a {goals[0]} x goal configuration, so 150 of them hold none "
               f"in {100 * bound.miss_share:.1f}% of studies; with such proposals and an oracle "
               f"pruner (every other trial stopped at its first evaluation) the goal takes "
-              f"{bound.median_s / 3600:.4g} h median (p25 {bound.p25_s / 3600:.4g}, p75 "
-              f"{bound.p75_s / 3600:.4g})")
+              f"{table.amount(bound.median_s)} median (p25 {table.amount(bound.p25_s)}, p75 "
+              f"{table.amount(bound.p75_s)})")
     spent_by: dict[str, list[float]] = {}
+    divisor, label, key = table.scale
     with _pool(jobs) as pool:
         for method in methods:
             outs = list(pool.map(_replay_outcome, [(spec, target, method, seed, workers,
@@ -294,15 +295,15 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
                                 for o in outs]
             parts = []
             for g in goals:
-                spent = [o.to_goal[g] / 3600 if o.found[g] else math.inf for o in outs]
+                spent = [o.to_goal[g] / divisor if o.found[g] else math.inf for o in outs]
                 missed = sum(not o.found[g] for o in outs)
-                parts.append(f"{g} x: median {statistics.median(spent):9.4g} h (p25 "
+                parts.append(f"{g} x: median {statistics.median(spent):9.4g} {label} (p25 "
                              f"{_q(spent, 0.25):.4g}, p75 {_q(spent, 0.75):.4g}; never "
                              f"{100 * missed / seeds:4.1f}%)")
             in_budget = statistics.median(o.best_in_budget for o in outs)
             trials = statistics.median(o.trials for o in outs)
             print(f"{method:14s} {'  '.join(parts)}  best TTA within 20 x best: "
-                  f"{in_budget:.5g} s; {trials:.0f} trials", flush=True)
+                  f"{table.amount(in_budget, 5)}; {trials:.0f} trials", flush=True)
     base = statistics.median(spent_by["autotune"])
     baselines, best_baseline = best_of(spent_by)
     never = {m: _misses(v) for m, v in spent_by.items()}
@@ -315,7 +316,7 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
         print(f"neither autotune nor {best_baseline} found a goal configuration in half its "
               f"studies (ratio 1 by convention): never {100 * never['autotune'] / seeds:.0f}% "
               f"against {100 * never[best_baseline] / seeds:.0f}%")
-    print(f"autotune_median_h={base / 3600:.4g} random_ratio={baselines['random']:.2f} "
+    print(f"autotune_median_{key}={base / divisor:.4g} random_ratio={baselines['random']:.2f} "
           f"best_baseline={best_baseline} best_baseline_ratio={baselines[best_baseline]:.2f}")
 
 
@@ -344,10 +345,11 @@ def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
             ends.setdefault(end, []).extend(costs)
     count = sum(len(v) for v in ends.values())
     print(f"autotune ({proposals} proposals), {seeds} studies until each found the goal: "
-          f"{count} trials, {total:.5g} s")
+          f"{count} trials, {total:.5g} {table.unit}")
     for end, costs in sorted(ends.items(), key=lambda kv: -sum(kv[1])):
-        print(f"  {end:16s} {len(costs):5d} trials  {sum(costs):9.5g} s "
-              f"({100 * sum(costs) / total:4.1f}%)  {statistics.mean(costs):8.4g} s each")
+        print(f"  {end:16s} {len(costs):5d} trials  {sum(costs):9.5g} {table.unit} "
+              f"({100 * sum(costs) / total:4.1f}%)  {statistics.mean(costs):8.4g} {table.unit} "
+              "each")
     for phase, label in (("until", "until a first trial reached the target (it included)"),
                          ("after", "after it")):
         spent = phases[phase]
@@ -357,7 +359,8 @@ def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
         print(f"  {label}: {n / seeds:.1f} trials a study, {100 * seconds / total:.1f}% of "
               f"compute ({parts})")
     print(f"launch_overhead_share={overhead / total:.2f} trials_per_study={count / seeds:.1f} "
-          f"seconds_per_trial={total / count:.4g} diverged_share="
+          f"{'seconds' if table.unit == 's' else table.unit}_per_trial={total / count:.4g} "
+          "diverged_share="
           f"{sum(ends.get('diverged', [])) / total:.3f}")
 
 
@@ -592,8 +595,8 @@ def main(argv: list[str] | None = None) -> None:
     cmp.add_argument("--table", default=str(DATA), help=table_help)
     cmp.add_argument("--target", type=float, default=None,
                      help="the accuracy to reach (0-1), or with --mode min the value of a "
-                          "falling metric to get down to; needed for opda tables; YAHPO: "
-                          "default where the best 2%% of configurations reach")
+                          "falling metric to get down to (default: the value the best 2%% "
+                          "of the table's runs, or of 2,000 YAHPO configurations, reach)")
     metric_help = ("the accuracy the target is on: top1, or top5 (opda tables, whose curves "
                    "hold top_5: DAWNBench's 93%% top-5), or the key of another accuracy in an "
                    "opda table's curves (val_raw_accuracy)")

@@ -235,8 +235,8 @@ def test_a_target_no_run_reaches_is_refused_in_one_line_before_any_replay(tmp_pa
     rows = [{"params": {**c, "decay": "cosine"}, "curve": curve, "reached_at": None,
              "end_reason": "planned_epochs", "elapsed_s": 16.0, "overhead_s": 0.5,
              "epochs": 4} for c in CONFIGS]
-    with pytest.raises(SystemExit, match=r"no run of table .* reaches top1 >= 0.97; give a "
-                                         "lower --target"):
+    with pytest.raises(SystemExit, match=r"no run of table .* reaches top1 >= 0.97 \(the best "
+                                         r"reaches 0.6\); give a lower --target$"):
         se.compare(seeds=2, spec=_table_file(tmp_path, rows), jobs=1)
 
 
@@ -252,3 +252,26 @@ def test_compare_refuses_a_bad_flag_in_one_line(flags, message, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert re.search(message, err) and "Traceback" not in err, err
+
+
+def test_compare_on_a_table_without_times_names_its_unit_in_every_figure(tmp_path, capsys):
+    """A table that records steps and no clock (opda's fine-tuning layout): compute is in
+    training examples, and no figure calls it hours."""
+    rng = random.Random(0)
+    lines = []
+    for i in range(10):
+        batch, rate = 16 + 6 * i, rng.uniform(0.5, 1.5)
+        steps = list(range(500, 6001, 500))
+        lines.append({"iteration": i + 1, "train_batch_size": batch, "total_model_steps": 6000,
+                      "learning_rate": 10 ** rng.uniform(-6, -3),
+                      "learning_curves": {"matched": [[s, min(0.9, 0.3 + rate * s / 8000)]
+                                                      for s in steps]}})
+    path = tmp_path / "finetune.results.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    se.compare(seeds=2, spec=f"opda:{path}", target=0.8, jobs=1, methods=("autotune", "random"))
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "compute is counted in training examples" in "\n".join(out)
+    assert "best TTA" in out[0] and " M examples" in out[0] and " h" not in out[0]
+    rows = [line for line in out if line.split()[0] in ("autotune", "random")]
+    assert len(rows) == 2 and all("M examples" in r and " h " not in r for r in rows)
+    assert out[-1].startswith("autotune_median_Mexamples=")

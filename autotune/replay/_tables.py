@@ -8,8 +8,10 @@ planned epochs and how the run ended. Three sources:
   quickstart study's configurations; a proposal trains as its nearest recorded row);
 * ``opda:PATH``: a JSON-lines file in the format of opda's tuning results (Lourie et al.,
   "Show Your Work with Confidence", 2023): one line a training run with its hyperparameters
-  and ``learning_curve`` (after each epoch: cumulative ``time``, ``top_1``, ``top_5``); a
-  proposal trains as its nearest recorded run;
+  and ``learning_curve`` (after each epoch: cumulative ``time``, ``top_1``, ``top_5``), or
+  the layouts of opda's language-model and fine-tuning tables (steps; curves by validation
+  set, with no clock: compute is then counted in training examples); a proposal trains as
+  its nearest recorded run;
 * ``yahpo-lcbench:INSTANCE``: the YAHPO Gym LCBench surrogate (Pfisterer et al., 2022), queried
   at every epoch for the proposed configuration itself.
 """
@@ -72,6 +74,26 @@ class Run:
         return self.times[-1] if self.times else 0.0
 
 
+# Without a --target, a table's target is the value its best TOP_SHARE of runs reach.
+TOP_SHARE = 0.02
+
+
+def top_share_target(runs: Sequence[Run], falls: bool = False,
+                     share: float = TOP_SHARE) -> float:
+    """The value the best ``share`` of ``runs`` reach by their end (their best evaluation):
+    a target some runs reach and most do not, whatever the metric's scale."""
+    finals = sorted((min(r.values) if falls else max(r.values) for r in runs if r.values),
+                    reverse=not falls)
+    if not finals:
+        raise TableError("no run of the table has an evaluation")
+    return finals[max(int(share * len(finals)) - 1, 0)]
+
+
+# A clock's unit: (divisor, name after a figure, name in a key)
+_SCALES = {"s": (3600.0, "h", "h"), "examples": (1e6, "M examples", "Mexamples"),
+           "epochs": (1.0, "epochs", "epochs"), "steps": (1e3, "k steps", "ksteps")}
+
+
 @dataclass
 class Table:
     """A replay's source of training runs.
@@ -94,11 +116,24 @@ class Table:
     notes: list[str] = field(default_factory=list)
     metric_name: str = ""             # what the table calls it, when not top1 or top5
     falls: bool = False               # the metric falls to the target (a loss: --mode min)
+    unit: str = "s"                   # what a run's clock counts: seconds, or where a table
+                                      # records no time, examples, epochs or steps trained
 
     @property
     def shown(self) -> str:
         """The metric as the user named it."""
         return self.metric_name or self.metric
+
+    @property
+    def scale(self) -> tuple[float, str, str]:
+        """How a report shows compute on this table's clock: the divisor, the unit's name
+        after a figure, and its name in a key (``autotune_median_h``)."""
+        return _SCALES[self.unit]
+
+    def amount(self, compute: float, digits: int = 4) -> str:
+        """``compute`` on this table's clock, as a report shows it (``8.2 h``)."""
+        divisor, label, _ = self.scale
+        return f"{compute / divisor:.{digits}g} {label}"
 
     def propose(self, trial: optuna.Trial) -> dict[str, Any]:
         if self.sample is not None:
@@ -110,9 +145,16 @@ class Table:
         times = [t for t in (r.reached_at(self.target, self.falls) for r in self.runs)
                  if t is not None]
         if not times:
+            bests = [min(r.values) if self.falls else max(r.values)
+                     for r in self.runs if r.values]
+            best = (min(bests) if self.falls else max(bests)) if bests else None
+            reached = f" (the best reaches {best:.4g})" if best is not None else ""
             raise TableError(f"no run of table {self.name} reaches {self.shown} "
-                             f"{'<=' if self.falls else '>='} {self.target}; give "
-                             f"{'a higher' if self.falls else 'a lower'} --target")
+                             f"{'<=' if self.falls else '>='} {self.target}{reached}; give "
+                             f"{'a higher' if self.falls else 'a lower'} --target"
+                             + ("" if self.name.startswith("autotune:") else
+                                f", or none for the value the best {100 * TOP_SHARE:g}% of "
+                                "runs reach"))
         return min(times)
 
     @property
@@ -211,10 +253,13 @@ _OPDA_RANGES = {
 # A schedule's length, and where each evaluation sits in it: opda's image tables count epochs
 # (an entry's ``epoch`` 0-indexed), its language-model tables steps (``total_steps``; an
 # entry's ``step``, the updates done).
-_OPDA_LENGTHS = (("epochs", "epoch", 1), ("total_steps", "step", 0))
+_OPDA_LENGTHS = (("epochs", "epoch", 1), ("total_steps", "step", 0),
+                 ("total_model_steps", "step", 0))
 # An evaluation's seconds since the run began: the image tables' ``time``; the language-model
 # tables' ``eval_end_time`` (its result known), else ``train_end_time``.
 _OPDA_TIMES = ("time", "eval_end_time", "train_end_time")
+# A step's training examples, where a table records no time (opda's fine-tuning tables)
+_OPDA_BATCHES = ("batch_size", "train_batch_size")
 # A first evaluation later than this (about 3 years of training) is a clock's timestamp.
 _TIMESTAMP_S = 1e8
 
@@ -254,12 +299,43 @@ def _shown(value: Any) -> str:
     return f"{value!r:.40}"
 
 
+def _merge_sets(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """``row`` with opda's ``learning_curves`` by validation set (its fine-tuning tables: each
+    set a list of [step, accuracy] pairs) merged into one ``learning_curve``: an entry a
+    step, holding each set's accuracy under the set's name. A row with a ``learning_curve``
+    is left as it is."""
+    sets = row.get("learning_curves")
+    if "learning_curve" in row or sets is None:
+        return row
+    if not isinstance(sets, dict) or not sets:
+        raise TableError(f"{where}: learning_curves must map each validation set's name to "
+                         "its [step, accuracy] pairs")
+    merged: dict[float, dict[str, Any]] = {}
+    for name, pairs in sets.items():
+        if not isinstance(pairs, list):
+            raise TableError(f"{where}: learning_curves[{name!r}] must be a list of "
+                             "[step, accuracy] pairs")
+        for k, pair in enumerate(pairs):
+            step = _number(pair[0]) if isinstance(pair, list | tuple) and len(pair) == 2 \
+                else None
+            if step is None or step < 0:
+                raise TableError(f"{where}: learning_curves[{name!r}] entry {k + 1} is "
+                                 f"{pair!r:.60}; each is a [step, accuracy] pair, the step "
+                                 "the updates done (a number >= 0)")
+            merged.setdefault(step, {"step": pair[0]})[str(name)] = pair[1]
+    rest = {k: v for k, v in row.items() if k != "learning_curves"}
+    return {**rest, "learning_curve": [merged[s] for s in sorted(merged)]}
+
+
 def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
-              offset: int | None = None, falls: bool = False) -> Run:
+              offset: int | None = None, falls: bool = False,
+              per_unit: float | None = None) -> Run:
     """One run of an opda table: ``key`` the metric's entry key, ``length`` the key of the
     schedule's length (``_OPDA_LENGTHS``); ``offset``: what to add to an entry's count to get
     the units done (None: the layout's own, 1 for opda's 0-indexed epochs); ``falls``: the
-    metric falls (a loss: 0 or more, any size), else it is an accuracy (0 to 1)."""
+    metric falls (a loss: 0 or more, any size), else it is an accuracy (0 to 1).
+    ``per_unit``: where the table records no time, the clock is the units done times this
+    (a step's examples; 1: the units themselves), and an evaluation at 0 is left out."""
     curve = row["learning_curve"]
     if not isinstance(curve, list):
         raise TableError(f"{where}: learning_curve must be a list of evaluations")
@@ -268,8 +344,9 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
     times, values, done, losses = [], [], [], []
     broke = False      # a metric of null or NaN: the run blew up there (its later entries too)
     for i, p in enumerate(curve):
-        clock = next((k for k in _OPDA_TIMES if isinstance(p, dict)
-                      and _number(p.get(k)) is not None), None)
+        clock = place if per_unit is not None else next(
+            (k for k in _OPDA_TIMES if isinstance(p, dict) and _number(p.get(k)) is not None),
+            None)
         if not isinstance(p, dict) or clock is None:
             raise TableError(f"{where}: each learning_curve entry needs time (or "
                              f"eval_end_time) and {key} numbers (entry {i + 1} has "
@@ -293,21 +370,29 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
             broke = True
             break
         at = _number(p.get(place))
+        if at is None and per_unit is not None:
+            raise TableError(f"{where}: learning_curve entry {i + 1} has neither time (or "
+                             f"eval_end_time) nor {place}: a replay needs when each "
+                             f"evaluation was taken, the seconds since the run began or the "
+                             f"{place}s done")
         if at is None and offset == 0:
             raise TableError(f"{where}: learning_curve entry {i + 1} lacks {place}, the "
                              f"{place}s done when it was taken (the run plans {length})")
-        clock_s = float(p[clock])     # finite: _number found it
+        units = (at if at is not None else i) + offset
+        if per_unit is not None and units <= 0:
+            continue                  # before any training: nothing to reach it with
+        clock_s = units * per_unit if per_unit is not None else float(p[clock])
         if clock_s <= 0:
             raise TableError(f"{where}: learning_curve entry {i + 1}: {clock} is "
                              f"{p[clock]!r:.40}; it is the seconds since the run began, when "
                              "the evaluation's result was known: a positive number")
         times.append(clock_s)
         values.append(value)
-        done.append((at if at is not None else i) + offset)
+        done.append(units)
         loss = p.get("train_loss", p.get("train_raw_loss"))  # NaN kept: the pruner stops it
         losses.append(float(loss) if isinstance(loss, int | float)
                       and not isinstance(loss, bool) else None)
-    if times and times[0] > _TIMESTAMP_S:
+    if per_unit is None and times and times[0] > _TIMESTAMP_S:
         raise TableError(f"{where}: learning_curve entry 1 is at {times[0]:.4g} s "
                          f"({times[0] / (365.25 * 86400):.0f} years): a clock's timestamp, "
                          "not the seconds since the run began; subtract each run's start time")
@@ -408,7 +493,7 @@ def _looks_log(values: list[float]) -> bool:
 # what an opda row holds besides hyperparameters; an id-like key is not searched
 _OPDA_OTHER = {"iteration", "nan_train_loss", "learning_curve", "id", "index", "seed", "trial",
                "run", "num_classes", "stop_reason", "hyperparameters", "epochs",
-               "total_steps"}
+               "total_steps", "total_model_steps", "learning_curves"}
 
 
 def _opda_extras(rows: list[dict[str, Any]], length: str = "epochs"
@@ -436,30 +521,40 @@ def _opda_extras(rows: list[dict[str, Any]], length: str = "epochs"
     return extras, notes
 
 
-def opda(path: Path, target: float, metric: str = "top1", num_classes: int | None = None,
-         falls: bool = False) -> Table:
+def opda(path: Path, target: float | None, metric: str = "top1",
+         num_classes: int | None = None, falls: bool = False) -> Table:
     """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target`` (<=
-    where it ``falls``: a loss, ``--mode min``).
+    where it ``falls``: a loss, ``--mode min``; None: the value the best ``TOP_SHARE`` of its
+    runs reach, said in a note).
 
     Each run needs ``learning_curve`` and its schedule's length: ``epochs`` (opda's image
     tables: each entry's ``epoch`` 0-indexed, its ``time``) or ``total_steps`` (opda's
     language-model tables: each entry's ``step`` and ``eval_end_time``; hyperparameters nested
-    under ``hyperparameters``). It is searched over the hyperparameters every run holds: those
+    under ``hyperparameters``) or ``total_model_steps`` (opda's fine-tuning tables:
+    ``learning_curves`` by validation set, each a list of [step, accuracy] pairs, merged by
+    ``_merge_sets``; ``top1`` replays the first set). Where no evaluation records a time, the
+    clock is the compute done: a step table's training examples (steps x ``batch_size`` or
+    ``train_batch_size``), else the epochs or steps themselves (``Table.unit``).
+    It is searched over the hyperparameters every run holds: those
     of opda's ConvNeXt search (``batch_size``, ``lr``, ``lr_peak_epoch``, ``momentum``,
     ``weight_decay``, ``label_smoothing``) and any others (``_opda_extras``). ``metric``:
     ``top1``, ``top5`` or the key of another accuracy in the entries (``val_raw_accuracy``).
     A metric of null or NaN ends a run there, as diverged. ``num_classes`` (for chance
     accuracy): given, else the rows' ``num_classes``, else 1000 for top-1 and top-5 (ImageNet's,
     opda's image tables), said in a note; unknown for another metric."""
-    rows = [_flat(row) for row in _read_lines(path)]
+    flat = [_flat(row) for row in _read_lines(path)]
+    first = flat[0].get("learning_curves")
+    sets = [str(n) for n in first] if isinstance(first, dict) \
+        and "learning_curve" not in flat[0] else []
+    rows = [_merge_sets(row, f"{path}, line {number}") for number, row in enumerate(flat, 1)]
+    notes: list[str] = []
+    if sets and metric == "top1" and "top_1" not in sets:
+        metric = sets[0]
+        notes.append(f"the curves are by validation set ({', '.join(sets)}): replaying "
+                     f"{metric}, the first; --metric NAME replays another")
     key = metric_key(metric)
     length = next((n for n, _, _ in _OPDA_LENGTHS if n in rows[0]), "epochs")
     for number, row in enumerate(rows, start=1):
-        if "learning_curve" not in row and "learning_curves" in row:
-            raise TableError(f"{path}, line {number}, has learning_curves by validation set "
-                             "and no learning_curve: an opda run for a time-to-accuracy "
-                             "replay has one learning_curve whose entries hold the seconds "
-                             "since the run began (time or eval_end_time)")
         missing = [k for k in (length, "learning_curve") if k not in row]
         if missing:
             raise TableError(f"{path}, line {number}, lacks {', '.join(missing)}; an opda run "
@@ -485,18 +580,44 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
                              f"run's {planned:g} epochs; the warm-up peaks within the schedule "
                              "(0 to epochs)")
     held = [k for k in _OPDA_PARAMS if all(k in row for row in rows)]
-    extras, notes = _opda_extras(rows, length)
+    extras, extra_notes = _opda_extras(rows, length)
+    notes += extra_notes
     # the warm-up's end as a share of the schedule where both count epochs; a step table's
     # lr_peak_epoch is searched as the number it is
     names = [length, *("lr_peak_share" if k == "lr_peak_epoch" and length == "epochs" else k
                        for k in held), *extras]
+    if length != "epochs" and "num_train_epochs" in extras:
+        # the steps follow from the epochs and the batch size: searching both would only let
+        # a proposal ask for steps its epochs do not have
+        names.remove(length)
+        notes.append(f"{length} follows from num_train_epochs and the batch size: not "
+                     "searched")
+    # The clock: each evaluation's recorded time; where no evaluation records one, the
+    # compute done: a step table's examples (steps x batch size), else the units themselves.
+    timed = any(isinstance(p, dict) and any(_number(p.get(k)) is not None for k in _OPDA_TIMES)
+                for row in rows if isinstance(row.get("learning_curve"), list)
+                for p in row["learning_curve"])
+    unit, batch = "s", None
+    if not timed:
+        batch = next((b for b in _OPDA_BATCHES
+                      if all((_number(row.get(b)) or 0) > 0 for row in rows)), None)
+        unit = "epochs" if length == "epochs" else "examples" if batch else "steps"
+        counted = {"epochs": "epochs trained (each the same examples)",
+                   "examples": f"training examples (step x {batch})",
+                   "steps": "training steps (no run says its batch size)"}[unit]
+        notes.append(f"no evaluation records its time: compute is counted in {counted}, and "
+                     f"figures are in {_SCALES[unit][1]}, not hours (a proxy for time: it "
+                     "leaves out that a larger batch trains each example faster, and the "
+                     "evaluations' own time)")
     points = [_opda_point(row, names) for row in rows]
     offset = None
     if length == "epochs" and _counts_from_one(rows):
         offset = 0
         notes.append("the entries count epochs from 1 (no entry at epoch 0, and some at a "
                      "run's last epoch): read as epochs done")
-    runs = [_opda_run(row, key, f"{path}, line {number}", length, offset, falls)
+    runs = [_opda_run(row, key, f"{path}, line {number}", length, offset, falls,
+                      None if timed else float(row[batch]) if batch and unit == "examples"
+                      else 1.0)
             for number, row in enumerate(rows, start=1)]
     fixed = [n for n in names if len({repr(p[n]) for p in points}) < 2]
     if fixed and len(fixed) == len(names):
@@ -534,6 +655,10 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
     half_epoch = 0.5 * statistics.median(firsts)
     runs = [r if r.times else Run((), (), (), r.planned_epochs, "diverged", end_s=half_epoch)
             for r in runs]
+    if target is None:
+        target = top_share_target(runs, falls)
+        notes.append(f"target {target:.4g}: the best {metric} the top {100 * TOP_SHARE:g}% of "
+                     f"the {len(runs)} runs reach (give --target for another)")
     for i, r in enumerate(runs):
         if r.end == "diverged" and r.times:
             gap = r.times[-1] / max(len(r.times), 1)
@@ -542,7 +667,7 @@ def opda(path: Path, target: float, metric: str = "top1", num_classes: int | Non
     return Table(f"opda:{path.name}", target, runs, space, _nearest(space, points, runs),
                  num_classes=num_classes, metric="top5" if metric == "top5" else "top1",
                  metric_name="" if metric in ("top1", "top5") else metric, notes=notes,
-                 falls=falls,
+                 falls=falls, unit=unit,
                  credit="in opda's format (Lourie et al., arXiv 2311.09480); credit whoever "
                         "recorded it (opda's own ConvNeXt-tiny curves: CC BY-SA 4.0)")
 
@@ -689,9 +814,7 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
         study.tell(trial, 0.0)
     notes = []
     if target is None:
-        finals = sorted((min(r.values) if falls else max(r.values) for r in runs),
-                        reverse=not falls)
-        target = finals[max(int(top_share * len(finals)) - 1, 0)]
+        target = top_share_target(runs, falls, top_share)
         notes.append(f"target {target:.4f}: the best {name} the top {100 * top_share:g}% of "
                      f"{sample_size} random configurations reach")
     return Table(f"yahpo-lcbench:{instance}", float(target), runs, space, train,
@@ -742,9 +865,6 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
     if num_classes is not None and num_classes < 2:
         raise TableError(f"--num-classes must be at least 2, got {num_classes}")
     if kind == "opda":
-        if target is None:
-            raise TableError(f"an opda table needs --target (the {metric} to reach, e.g. "
-                             f"{'0.1' if mode == 'min' else '0.70'})")
         return opda(Path(rest).expanduser(), target, metric, num_classes, mode == "min")
     if kind == "yahpo-lcbench":
         data = yahpo_data or Path(__file__).resolve().parents[3] / "shared" / "external" \
