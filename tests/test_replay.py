@@ -377,6 +377,27 @@ def test_an_opda_table_without_times_replays_on_the_examples_it_trained(tmp_path
         load_table(f"opda:{path}", 0.85)
 
 
+def test_a_table_without_times_that_counts_its_tokens_replays_on_them(tmp_path):
+    """A language-model table whose entries count the tokens trained on and record no time:
+    the tokens are the clock (a step's tokens need no batch size)."""
+    lines = [_steps_line(i, 10 ** (-4 + i / 4), 100 * i,
+                         [min(0.05 + (0.03 + 0.01 * (i % 4)) * (k + 1), 0.5) for k in range(12)],
+                         60.0) for i in range(8)]
+    for line in lines:
+        for entry in line["learning_curve"]:
+            del entry["eval_end_time"], entry["train_end_time"]
+            entry["tokens"] = entry["step"] * 64 * 512
+    path = tmp_path / "llama.results.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    table = load_table(f"opda:{path}", 0.40, metric="val_raw_accuracy")
+    assert table.unit == "tokens" and table.scale[2] == "Gtokens"
+    assert any("counted in tokens trained on" in n for n in table.notes)
+    assert table.runs[2].times[:2] == (500 * 64 * 512.0, 1000 * 64 * 512.0)
+    assert table.runs[2].epochs[:2] == (500.0, 1000.0)
+    assert Replay(table, "autotune", seed=0, max_trials=6, min_compute_factor=0.0).run() \
+        .trials == 6
+
+
 def test_an_epoch_table_without_times_replays_on_the_epochs_it_trained(tmp_path):
     """An image table whose evaluations record no time: compute is the epochs trained."""
     path = _opda_file(tmp_path)

@@ -91,7 +91,8 @@ def top_share_target(runs: Sequence[Run], falls: bool = False,
 
 # A clock's unit: (divisor, name after a figure, name in a key)
 _SCALES = {"s": (3600.0, "h", "h"), "examples": (1e6, "M examples", "Mexamples"),
-           "epochs": (1.0, "epochs", "epochs"), "steps": (1e3, "k steps", "ksteps")}
+           "epochs": (1.0, "epochs", "epochs"), "steps": (1e3, "k steps", "ksteps"),
+           "tokens": (1e9, "G tokens", "Gtokens")}
 
 
 @dataclass
@@ -260,6 +261,8 @@ _OPDA_LENGTHS = (("epochs", "epoch", 1), ("total_steps", "step", 0),
 _OPDA_TIMES = ("time", "eval_end_time", "train_end_time")
 # A step's training examples, where a table records no time (opda's fine-tuning tables)
 _OPDA_BATCHES = ("batch_size", "train_batch_size")
+# ... or an entry's own count of the data trained on so far, where every entry holds one
+_OPDA_COUNTERS = ("tokens", "examples", "samples")
 # A first evaluation later than this (about 3 years of training) is a clock's timestamp.
 _TIMESTAMP_S = 1e8
 
@@ -329,13 +332,14 @@ def _merge_sets(row: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
               offset: int | None = None, falls: bool = False,
-              per_unit: float | None = None) -> Run:
+              per_unit: float | None = None, counter: str | None = None) -> Run:
     """One run of an opda table: ``key`` the metric's entry key, ``length`` the key of the
     schedule's length (``_OPDA_LENGTHS``); ``offset``: what to add to an entry's count to get
     the units done (None: the layout's own, 1 for opda's 0-indexed epochs); ``falls``: the
     metric falls (a loss: 0 or more, any size), else it is an accuracy (0 to 1).
     ``per_unit``: where the table records no time, the clock is the units done times this
-    (a step's examples; 1: the units themselves), and an evaluation at 0 is left out."""
+    (a step's examples; 1: the units themselves), or, given ``counter``, each entry's count of
+    the data trained on so far (``tokens``); an evaluation at 0 is left out."""
     curve = row["learning_curve"]
     if not isinstance(curve, list):
         raise TableError(f"{where}: learning_curve must be a list of evaluations")
@@ -379,9 +383,10 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
             raise TableError(f"{where}: learning_curve entry {i + 1} lacks {place}, the "
                              f"{place}s done when it was taken (the run plans {length})")
         units = (at if at is not None else i) + offset
-        if per_unit is not None and units <= 0:
+        clock_s = (float(p[counter]) if counter else units * per_unit) \
+            if per_unit is not None else float(p[clock])
+        if per_unit is not None and (units <= 0 or clock_s <= 0):
             continue                  # before any training: nothing to reach it with
-        clock_s = units * per_unit if per_unit is not None else float(p[clock])
         if clock_s <= 0:
             raise TableError(f"{where}: learning_curve entry {i + 1}: {clock} is "
                              f"{p[clock]!r:.40}; it is the seconds since the run began, when "
@@ -597,13 +602,21 @@ def opda(path: Path, target: float | None, metric: str = "top1",
     timed = any(isinstance(p, dict) and any(_number(p.get(k)) is not None for k in _OPDA_TIMES)
                 for row in rows if isinstance(row.get("learning_curve"), list)
                 for p in row["learning_curve"])
-    unit, batch = "s", None
+    unit, batch, counter = "s", None, None
     if not timed:
+        # the data trained on so far, where every entry counts it; else the batch size
+        counter = next((c for c in _OPDA_COUNTERS if all(
+            isinstance(p, dict) and _number(p.get(c)) is not None
+            for row in rows if isinstance(row.get("learning_curve"), list)
+            for p in row["learning_curve"])), None)
         batch = next((b for b in _OPDA_BATCHES
                       if all((_number(row.get(b)) or 0) > 0 for row in rows)), None)
-        unit = "epochs" if length == "epochs" else "examples" if batch else "steps"
+        unit = ("tokens" if counter == "tokens" else "examples") if counter else \
+            "epochs" if length == "epochs" else "examples" if batch else "steps"
         counted = {"epochs": "epochs trained (each the same examples)",
-                   "examples": f"training examples (step x {batch})",
+                   "examples": f"training examples ({counter} at each evaluation)" if counter
+                   else f"training examples (step x {batch})",
+                   "tokens": "tokens trained on (tokens at each evaluation)",
                    "steps": "training steps (no run says its batch size)"}[unit]
         notes.append(f"no evaluation records its time: compute is counted in {counted}, and "
                      f"figures are in {_SCALES[unit][1]}, not hours (a proxy for time: it "
@@ -617,7 +630,7 @@ def opda(path: Path, target: float | None, metric: str = "top1",
                      "run's last epoch): read as epochs done")
     runs = [_opda_run(row, key, f"{path}, line {number}", length, offset, falls,
                       None if timed else float(row[batch]) if batch and unit == "examples"
-                      else 1.0)
+                      else 1.0, counter)
             for number, row in enumerate(rows, start=1)]
     fixed = [n for n in names if len({repr(p[n]) for p in points}) < 2]
     if fixed and len(fixed) == len(names):
