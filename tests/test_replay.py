@@ -366,6 +366,12 @@ def test_an_opda_table_without_times_replays_on_the_examples_it_trained(tmp_path
     assert table.amount(2.5e6) == "2.5 M examples" and table.scale[2] == "Mexamples"
     other = load_table(f"opda:{path}", 0.85, metric="mismatched")
     assert other.runs[5].values == tuple(a for _, a in line["learning_curves"]["mismatched"])
+    # a step one set lacks: no evaluation of the other set's metric there, not a refusal
+    del lines[5]["learning_curves"]["mismatched"][2]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert load_table(f"opda:{path}", 0.85).runs[5].values == run.values
+    assert len(load_table(f"opda:{path}", 0.85, metric="mismatched").runs[5].values) == \
+        len(pairs) - 1
     for method in ("autotune", "asha_wallclock", "tpe_median"):
         outcome = Replay(table, method, seed=0, max_trials=8, min_compute_factor=0.0).run()
         assert outcome.trials == 8

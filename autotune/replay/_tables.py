@@ -302,11 +302,12 @@ def _shown(value: Any) -> str:
     return f"{value!r:.40}"
 
 
-def _merge_sets(row: dict[str, Any], where: str) -> dict[str, Any]:
+def _merge_sets(row: dict[str, Any], where: str, key: str = "") -> dict[str, Any]:
     """``row`` with opda's ``learning_curves`` by validation set (its fine-tuning tables: each
     set a list of [step, accuracy] pairs) merged into one ``learning_curve``: an entry a
-    step, holding each set's accuracy under the set's name. A row with a ``learning_curve``
-    is left as it is."""
+    step, holding each set's accuracy under the set's name; where ``key`` names one of the
+    row's sets, only at the steps that set has (another set's evaluation without it is no
+    evaluation of the replayed metric). A row with a ``learning_curve`` is left as it is."""
     sets = row.get("learning_curves")
     if "learning_curve" in row or sets is None:
         return row
@@ -327,7 +328,8 @@ def _merge_sets(row: dict[str, Any], where: str) -> dict[str, Any]:
                                  "the updates done (a number >= 0)")
             merged.setdefault(step, {"step": pair[0]})[str(name)] = pair[1]
     rest = {k: v for k, v in row.items() if k != "learning_curves"}
-    return {**rest, "learning_curve": [merged[s] for s in sorted(merged)]}
+    return {**rest, "learning_curve": [merged[s] for s in sorted(merged)
+                                       if key not in sets or key in merged[s]]}
 
 
 def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
@@ -551,13 +553,14 @@ def opda(path: Path, target: float | None, metric: str = "top1",
     first = flat[0].get("learning_curves")
     sets = [str(n) for n in first] if isinstance(first, dict) \
         and "learning_curve" not in flat[0] else []
-    rows = [_merge_sets(row, f"{path}, line {number}") for number, row in enumerate(flat, 1)]
     notes: list[str] = []
     if sets and metric == "top1" and "top_1" not in sets:
         metric = sets[0]
         notes.append(f"the curves are by validation set ({', '.join(sets)}): replaying "
                      f"{metric}, the first; --metric NAME replays another")
     key = metric_key(metric)
+    rows = [_merge_sets(row, f"{path}, line {number}", key)
+            for number, row in enumerate(flat, 1)]
     length = next((n for n, _, _ in _OPDA_LENGTHS if n in rows[0]), "epochs")
     for number, row in enumerate(rows, start=1):
         missing = [k for k in (length, "learning_curve") if k not in row]
