@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import optuna
@@ -643,3 +644,20 @@ def test_a_yahpo_instance_replays_its_validation_loss_with_mode_min():
     with pytest.raises(TableError, match="give --mode min"):
         load_table("yahpo-lcbench:167168", yahpo_data=EXTERNAL / "yahpo-lcbench",
                    metric="val_cross_entropy")
+
+
+@pytest.mark.parametrize("batch, shown", [
+    (0, "0"), ("32", "the string '32' (write numbers without quotes)"), (None, "None")])
+def test_a_timeless_step_table_needs_every_runs_batch_size(tmp_path, batch, shown):
+    """Without time, a step run's compute is its steps x its batch size: a run whose batch
+    size is missing or not a positive number is refused in one line, not read in steps."""
+    lines = [_sets_line(i, 1, 16 + 4 * i, 10 ** (-5 + i / 6), [0.4, 0.9]) for i in range(4)]
+    if batch is None:
+        del lines[2]["train_batch_size"]
+    else:
+        lines[2]["train_batch_size"] = batch
+    path = tmp_path / "deberta.results.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(TableError, match=rf"line 3: train_batch_size must be a positive number, "
+                                         rf"not {re.escape(shown)}; with no time recorded"):
+        load_table(f"opda:{path}", 0.85)

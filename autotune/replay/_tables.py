@@ -566,8 +566,9 @@ def opda(path: Path, target: float | None, metric: str = "top1",
         missing = [k for k in (length, "learning_curve") if k not in row]
         if missing:
             raise TableError(f"{path}, line {number}, lacks {', '.join(missing)}; an opda run "
-                             "has learning_curve, its schedule's length (epochs, or "
-                             "total_steps) and hyperparameters (opda's own: "
+                             "has learning_curve, its schedule's length (epochs, "
+                             "total_steps or total_model_steps) and hyperparameters (opda's "
+                             "own: "
                              f"{', '.join(_OPDA_PARAMS)}, or any others)")
         for name in (length, *_OPDA_PARAMS):
             if name not in row:
@@ -612,8 +613,13 @@ def opda(path: Path, target: float | None, metric: str = "top1",
             isinstance(p, dict) and _number(p.get(c)) is not None
             for row in rows if isinstance(row.get("learning_curve"), list)
             for p in row["learning_curve"])), None)
-        batch = next((b for b in _OPDA_BATCHES
-                      if all((_number(row.get(b)) or 0) > 0 for row in rows)), None)
+        batch = next((b for b in _OPDA_BATCHES if any(b in row for row in rows)), None)
+        for number, row in enumerate(rows, start=1):
+            if batch and not counter and length != "epochs" \
+                    and (_number(row.get(batch)) or 0) <= 0:
+                raise TableError(f"{path}, line {number}: {batch} must be a positive number, "
+                                 f"not {_shown(row.get(batch))}; with no time recorded, a "
+                                 "run's compute is its steps x its batch size")
         unit = ("tokens" if counter == "tokens" else "examples") if counter else \
             "epochs" if length == "epochs" else "examples" if batch else "steps"
         counted = {"epochs": "epochs trained (each the same examples)",
