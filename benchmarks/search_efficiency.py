@@ -248,6 +248,11 @@ def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ..
                   goals=goals).run()
 
 
+def _tta(table: Table, value: float) -> str:
+    """A TTA as compare shows it: seconds on a timed table, else the table's own unit."""
+    return f"{value:.5g} s" if table.unit == "s" else table.amount(value, 5)
+
+
 def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
             jobs: int | None = None, workers: int = 1,
             methods: tuple[str, ...] = METHODS, goals: tuple[float, ...] = (1.5, 1.25),
@@ -258,7 +263,7 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
     print(f"table {table.name}: {len(table.runs)} runs, "
           f"{sum(t is not None for t in reaching)} reach {table.shown} "
           f"{'<=' if table.falls else '>='} "
-          f"{table.target:.4g}; best TTA {table.amount(best, 5)}; goals TTA <= "
+          f"{table.target:.4g}; best TTA {_tta(table, best)}; goals TTA <= "
           + ", ".join(f"{g} x best ({sum(t is not None and t <= g * best for t in reaching)}"
                       " runs)" for g in goals)
           + f"; {workers} worker{'s' if workers > 1 else ''}, {seeds} studies a method")
@@ -303,7 +308,7 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
             in_budget = statistics.median(o.best_in_budget for o in outs)
             trials = statistics.median(o.trials for o in outs)
             print(f"{method:14s} {'  '.join(parts)}  best TTA within 20 x best: "
-                  f"{table.amount(in_budget, 5)}; {trials:.0f} trials", flush=True)
+                  f"{_tta(table, in_budget)}; {trials:.0f} trials", flush=True)
     base = statistics.median(spent_by["autotune"])
     baselines, best_baseline = best_of(spent_by)
     never = {m: _misses(v) for m, v in spent_by.items()}

@@ -644,6 +644,13 @@ def test_a_yahpo_instance_replays_its_validation_loss_with_mode_min():
     with pytest.raises(TableError, match="give --mode min"):
         load_table("yahpo-lcbench:167168", yahpo_data=EXTERNAL / "yahpo-lcbench",
                    metric="val_cross_entropy")
+    balanced = load_table("yahpo-lcbench:167168", yahpo_data=EXTERNAL / "yahpo-lcbench",
+                          metric="val_balanced_accuracy")
+    assert not balanced.falls and 0.3 < balanced.target < 1.0
+    assert all(0 <= v <= 1 for r in balanced.runs[:50] for v in r.values)
+    with pytest.raises(TableError, match="replays top1 .*val_balanced_accuracy"):
+        load_table("yahpo-lcbench:167168", yahpo_data=EXTERNAL / "yahpo-lcbench",
+                   metric="test_balanced_accuracy")
 
 
 @pytest.mark.parametrize("batch, shown", [

@@ -762,10 +762,12 @@ def increasing(times: Sequence[float]) -> tuple[float, ...]:
     return tuple(out)
 
 
-# The LCBench surrogate's validation metrics a replay may target: its name there, and whether
-# it falls (a loss) or is an accuracy in percent.
-_YAHPO_METRICS = {"top1": ("val_accuracy", False),
-                  "val_cross_entropy": ("val_cross_entropy", True)}
+# The LCBench surrogate's validation metrics a replay may target: its name there, whether it
+# falls (a loss), and what it is divided by to be a share (its accuracy is in percent, its
+# balanced accuracy a share already).
+_YAHPO_METRICS = {"top1": ("val_accuracy", False, 100.0),
+                  "val_balanced_accuracy": ("val_balanced_accuracy", False, 1.0),
+                  "val_cross_entropy": ("val_cross_entropy", True, 1.0)}
 
 
 def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
@@ -774,9 +776,10 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
     """The LCBench surrogate for OpenML task ``instance`` (``data_path`` holds YAHPO's
     ``lcbench`` folder). Without ``target``, the target is the validation accuracy the best
     ``top_share`` of ``sample_size`` random configurations reach by their last epoch.
-    ``metric``: ``top1`` (the validation accuracy) or ``val_cross_entropy`` (the validation
-    loss, which falls: its target is the least value that share reaches)."""
-    name, falls = _YAHPO_METRICS[metric]
+    ``metric``: ``top1`` (the validation accuracy), ``val_balanced_accuracy`` or
+    ``val_cross_entropy`` (the validation loss, which falls: its target is the least value
+    that share reaches)."""
+    name, falls, per_share = _YAHPO_METRICS[metric]
     try:
         from yahpo_gym import BenchmarkSet, local_config
     except ImportError:
@@ -823,7 +826,7 @@ def yahpo_lcbench(instance: str, data_path: Path, target: float | None = None,
             out = bench.objective_function(queries)
             times = tuple(float(o["time"]) for o in out)
             values = tuple(max(float(o[name]), 0.0) if falls else
-                           min(max(float(o[name]) / 100.0, 0.0), 1.0) for o in out)
+                           min(max(float(o[name]) / per_share, 0.0), 1.0) for o in out)
             cache[key] = Run(increasing(times), values,
                              tuple(float(e) for e in range(1, epochs + 1)), float(epochs))
         return cache[key]
@@ -864,7 +867,8 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
         kind, rest = "autotune", spec
     if kind == "yahpo-lcbench" and metric not in _YAHPO_METRICS:
         raise TableError(f"--metric {metric}: a yahpo-lcbench table replays top1 (the "
-                         "validation accuracy) or val_cross_entropy (with --mode min)")
+                         "validation accuracy), val_balanced_accuracy, or val_cross_entropy "
+                         "(with --mode min)")
     if kind == "autotune" and metric != "top1":
         raise TableError(f"--metric {metric} needs an opda table (its curves hold top_5 and "
                          f"may hold others); {spec} has one accuracy: leave --metric at top1")
