@@ -528,6 +528,45 @@ def _opda_extras(rows: list[dict[str, Any]], length: str = "epochs"
     return extras, notes
 
 
+def _opda_clock(rows: list[dict[str, Any]], length: str, path: Path
+                ) -> tuple[str, Callable[[dict[str, Any]], float | None], str | None,
+                           list[str]]:
+    """What a table's clock counts: each evaluation's recorded time (unit ``s``); where no
+    evaluation records one, the compute done: the data each entry counts (``tokens``,
+    ``examples``), else a step table's examples (steps x its batch size), else the epochs or
+    steps themselves. Returns the unit, a run's multiplier of its units done (None: timed),
+    the entries' counter key, and the note saying so."""
+    timed = any(isinstance(p, dict) and any(_number(p.get(k)) is not None for k in _OPDA_TIMES)
+                for row in rows if isinstance(row.get("learning_curve"), list)
+                for p in row["learning_curve"])
+    if timed:
+        return "s", lambda row: None, None, []
+    counter = next((c for c in _OPDA_COUNTERS if all(
+        isinstance(p, dict) and _number(p.get(c)) is not None
+        for row in rows if isinstance(row.get("learning_curve"), list)
+        for p in row["learning_curve"])), None)
+    batch = next((b for b in _OPDA_BATCHES if any(b in row for row in rows)), None)
+    for number, row in enumerate(rows, start=1):
+        if batch and not counter and length != "epochs" \
+                and (_number(row.get(batch)) or 0) <= 0:
+            raise TableError(f"{path}, line {number}: {batch} must be a positive number, "
+                             f"not {_shown(row.get(batch))}; with no time recorded, a "
+                             "run's compute is its steps x its batch size")
+    unit = ("tokens" if counter == "tokens" else "examples") if counter else \
+        "epochs" if length == "epochs" else "examples" if batch else "steps"
+    counted = {"epochs": "epochs trained (each the same examples)",
+               "examples": f"training examples ({counter} at each evaluation)" if counter
+               else f"training examples (step x {batch})",
+               "tokens": "tokens trained on (tokens at each evaluation)",
+               "steps": "training steps (no run says its batch size)"}[unit]
+    note = (f"no evaluation records its time: compute is counted in {counted}, and figures "
+            f"are in {_SCALES[unit][1]}, not hours (a proxy for time: it leaves out that a "
+            "larger batch trains each example faster, and the evaluations' own time)")
+    steps_x_batch = batch is not None and not counter and unit == "examples"
+    return (unit, lambda row: float(row[batch]) if steps_x_batch else 1.0, counter,
+            [note])
+
+
 def opda(path: Path, target: float | None, metric: str = "top1",
          num_classes: int | None = None, falls: bool = False) -> Table:
     """A table of opda-format runs (``path``); the goal metric ``metric`` >= ``target`` (<=
@@ -601,36 +640,8 @@ def opda(path: Path, target: float | None, metric: str = "top1",
         names.remove(length)
         notes.append(f"{length} follows from num_train_epochs and the batch size: not "
                      "searched")
-    # The clock: each evaluation's recorded time; where no evaluation records one, the
-    # compute done: a step table's examples (steps x batch size), else the units themselves.
-    timed = any(isinstance(p, dict) and any(_number(p.get(k)) is not None for k in _OPDA_TIMES)
-                for row in rows if isinstance(row.get("learning_curve"), list)
-                for p in row["learning_curve"])
-    unit, batch, counter = "s", None, None
-    if not timed:
-        # the data trained on so far, where every entry counts it; else the batch size
-        counter = next((c for c in _OPDA_COUNTERS if all(
-            isinstance(p, dict) and _number(p.get(c)) is not None
-            for row in rows if isinstance(row.get("learning_curve"), list)
-            for p in row["learning_curve"])), None)
-        batch = next((b for b in _OPDA_BATCHES if any(b in row for row in rows)), None)
-        for number, row in enumerate(rows, start=1):
-            if batch and not counter and length != "epochs" \
-                    and (_number(row.get(batch)) or 0) <= 0:
-                raise TableError(f"{path}, line {number}: {batch} must be a positive number, "
-                                 f"not {_shown(row.get(batch))}; with no time recorded, a "
-                                 "run's compute is its steps x its batch size")
-        unit = ("tokens" if counter == "tokens" else "examples") if counter else \
-            "epochs" if length == "epochs" else "examples" if batch else "steps"
-        counted = {"epochs": "epochs trained (each the same examples)",
-                   "examples": f"training examples ({counter} at each evaluation)" if counter
-                   else f"training examples (step x {batch})",
-                   "tokens": "tokens trained on (tokens at each evaluation)",
-                   "steps": "training steps (no run says its batch size)"}[unit]
-        notes.append(f"no evaluation records its time: compute is counted in {counted}, and "
-                     f"figures are in {_SCALES[unit][1]}, not hours (a proxy for time: it "
-                     "leaves out that a larger batch trains each example faster, and the "
-                     "evaluations' own time)")
+    unit, per_unit, counter, clock_note = _opda_clock(rows, length, path)
+    notes += clock_note
     points = [_opda_point(row, names) for row in rows]
     offset = None
     if length == "epochs" and _counts_from_one(rows):
@@ -638,8 +649,7 @@ def opda(path: Path, target: float | None, metric: str = "top1",
         notes.append("the entries count epochs from 1 (no entry at epoch 0, and some at a "
                      "run's last epoch): read as epochs done")
     runs = [_opda_run(row, key, f"{path}, line {number}", length, offset, falls,
-                      None if timed else float(row[batch]) if batch and unit == "examples"
-                      else 1.0, counter)
+                      per_unit(row), counter)
             for number, row in enumerate(rows, start=1)]
     fixed = [n for n in names if len({repr(p[n]) for p in points}) < 2]
     if fixed and len(fixed) == len(names):
