@@ -119,6 +119,8 @@ def summarize(cfg: StudyConfig, study: optuna.Study, tracker: Tracker, echo: Pri
         note = "" if closest is None else (
             f"; closest: trial {closest.number} with {cfg.target.metric} "
             f"{closest.user_attrs[record.BEST_METRIC]:.3f}")
+        if closest is None and trials:
+            note = "; no trial came to an evaluation"
         echo(f"no trial reached {cfg.target.text} yet{note}")
     else:
         best_params = dict(best.user_attrs.get(record.PARAMS, {})) or dict(best.params)

@@ -44,8 +44,8 @@ from . import record
 from .pruners import TimeToAccuracyPruner
 from .pruners._rules import Rules
 
-__all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "classify", "curve_row",
-           "elapsed_of", "eval_reply", "eval_writes", "optuna_state", "shortfall",
+__all__ = ["CONFIG_FAILURES", "CONSTRAINT", "TrialResult", "best_of", "classify",
+           "curve_row", "elapsed_of", "eval_reply", "eval_writes", "optuna_state", "shortfall",
            "start_reply", "study_deadline", "systematic_failure", "tell", "tell_optuna_style",
            "tell_result"]
 
@@ -69,6 +69,12 @@ class TrialResult:
     detail: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
     curve: list[list[Any]] = field(default_factory=list)
+
+
+def best_of(result: TrialResult) -> float | None:
+    """The best value of the target metric a trial showed; None when it showed none (no
+    evaluation came, so the 0 or +inf it started from is no value it reached)."""
+    return _finite_or_none(result.best_metric) if result.evals else None
 
 
 def _finite_or_none(value: Any) -> float | None:
@@ -275,7 +281,7 @@ def tell_optuna_style(study: optuna.Study, trial: optuna.Trial, result: TrialRes
     penalty value, failures FAIL."""
     trial.set_user_attr(record.OUTCOME, result.outcome)
     trial.set_user_attr(record.STOP_REASON, result.reason)
-    trial.set_user_attr(record.BEST_METRIC, _finite_or_none(result.best_metric))
+    trial.set_user_attr(record.BEST_METRIC, best_of(result))
     if result.outcome == "reached":
         trial.set_user_attr(record.TTA, result.value)
         study.tell(trial, result.value)
@@ -305,7 +311,7 @@ def tell_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult,
     ``falls``: the target metric falls to ``target`` (``mode: min``)."""
     trial.set_user_attr(record.OUTCOME, result.outcome)
     trial.set_user_attr(record.STOP_REASON, result.reason)
-    trial.set_user_attr(record.BEST_METRIC, _finite_or_none(result.best_metric))
+    trial.set_user_attr(record.BEST_METRIC, best_of(result))
     for key in ("setup_s", "train_s", "eval_s", "control_s", "wall_s", "steps",
                 record.NOISE_SCALE):
         if key in result.summary:

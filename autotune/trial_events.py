@@ -11,14 +11,13 @@ trainer, ``ended``, and the study after it) and knows nothing of what listens:
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import optuna
 
 from . import record
-from .decisions import TrialResult, optuna_state
+from .decisions import TrialResult, best_of, optuna_state
 from .tracking import Tracker, trial_key
 
 __all__ = ["MlflowListener", "RegistryListener", "TrialListener", "attempt_of"]
@@ -97,8 +96,9 @@ class MlflowListener(TrialListener):
         if key is None:
             return
         final = {"reached_target": 1.0 if result.outcome == "reached" else 0.0}
-        if math.isfinite(result.best_metric):   # a loss's best is +inf before any evaluation
-            final["best_" + self.metric] = result.best_metric
+        best = best_of(result)      # none before any evaluation
+        if best is not None:
+            final["best_" + self.metric] = best
         if result.outcome == "reached":
             final["tta_s"] = float(result.value or 0.0)
         final.update({k: result.summary[k] for k in _TIMES if k in result.summary})

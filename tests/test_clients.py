@@ -30,7 +30,7 @@ def _study(tmp_path, outcomes):
     for outcome, reason, value, best in outcomes:
         trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 1.0, log=True)})
         tell_result(study, trial, TrialResult(trial.number, {}, outcome, reason, value=value,
-                                              best_metric=best), TARGET)
+                                              best_metric=best, evals=3), TARGET)
     return study, storage
 
 
@@ -74,3 +74,42 @@ def test_with_no_trial_reached_no_client_names_a_censored_trial_a_tta(tmp_path):
         _ = study.best_trial
     best = _dashboard_best(storage, study._study_id)
     assert all(study.trials[n].value == math.inf for n in best)   # shown as inf, not 2.75 s
+
+
+def _tracker(cfg, tmp_path):
+    from autotune.tracking import Tracker
+
+    tracker = Tracker(cfg.tracking_uri, cfg.study_name, tmp_path / "runs")
+    tracker.start_study({}, {}, {}, resumed=False)
+    return tracker
+
+
+def test_a_trial_that_never_came_to_an_evaluation_holds_no_best_value(tmp_path):
+    """A trial stopped before its first evaluation (budget.max_trial_s shorter than one) used
+    to record the 0 its best started from, and the study's summary named it the closest with
+    top1 0.000."""
+    from autotune._console import summarize
+    from autotune.config import StudyConfig
+
+    study = optuna.create_study(study_name="clients", direction="minimize",
+                                storage=f"sqlite:///{tmp_path / 'study.db'}")
+    for evals, best in ((0, 0.0), (0, 0.0)):
+        trial = study.ask()
+        trial.set_user_attr("params", {"lr": 0.1})
+        tell_result(study, trial, TrialResult(trial.number, {}, "censored", "max_seconds",
+                                              value=0.2, best_metric=best, evals=evals),
+                    TARGET)
+    assert [t.user_attrs["best_metric"] for t in study.trials] == [None, None]
+    cfg = StudyConfig(study_name="clients", tracking_uri=str(tmp_path / "mlruns"))
+    lines: list[str] = []
+    summarize(cfg, study, _tracker(cfg, tmp_path), lines.append)
+    assert "no trial reached top1 >= 0.97 yet; no trial came to an evaluation" in lines
+
+    trial = study.ask()
+    trial.set_user_attr("params", {"lr": 0.2})
+    tell_result(study, trial, TrialResult(trial.number, {}, "censored", "bound", value=3.0,
+                                          best_metric=0.6, evals=2), TARGET)
+    assert study.trials[-1].user_attrs["best_metric"] == 0.6
+    lines.clear()
+    summarize(cfg, study, _tracker(cfg, tmp_path), lines.append)
+    assert "no trial reached top1 >= 0.97 yet; closest: trial 2 with top1 0.600" in lines
