@@ -646,9 +646,10 @@ def main(argv: list[str] | None = None) -> None:
                          f"{getattr(args, name)}")
     falling = getattr(args, "mode", "max") == "min"
     if getattr(args, "target", None) is not None and not falling \
-            and not 0 < args.target <= 1:
-        parser.error(f"--target must be an accuracy in (0, 1], got {args.target} (for a "
-                     "metric that falls, a loss, give --mode min)")
+            and not 0 < args.target <= 100:
+        parser.error(f"--target must be an accuracy in (0, 1] (or a percentage up to 100 for "
+                     f"an opda table recorded in percent), got {args.target} (for a metric "
+                     "that falls, a loss, give --mode min)")
     if falling and args.target is not None and not 0 < args.target < math.inf:
         parser.error(f"--target must be above 0 for a metric that falls, got {args.target}")
     if args.command == "record":

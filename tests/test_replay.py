@@ -120,8 +120,14 @@ def test_an_opda_table_counting_epochs_from_one_is_read_as_epochs_done(tmp_path)
      "top_1 must be a number, null or NaN"),
     ('{"epochs": 3, "learning_curve": [{"top_1": 0.5}]}\n',
      "entry 1 has neither time .* nor epoch: a replay needs when each evaluation was taken"),
-    ('{"epochs": 3, "learning_curve": [{"time": 1.0, "top_1": 76.1}]}\n',
-     "top_1 is 76.1; the target's metric is an accuracy, a share from 0 to 1"),
+    ('{"epochs": 3, "learning_curve": [{"time": 1.0, "top_1": 0.5}, {"time": 2.0, "top_1": '
+     '0.6}, {"time": 3.0, "top_1": 76.1}]}\n',
+     "entry 3: top_1 is 76.1; the target's metric is an accuracy, a share from 0 to 1 .or a "
+     "percentage from 0 to 100 in every run"),
+    ('{"epochs": 3, "learning_curve": [{"time": 1.0, "top_1": 50}, {"time": 2.0, "top_1": '
+     '60}, {"time": 3.0, "top_1": 130}]}\n',
+     "entry 3: top_1 is 130; the table records it in percent .most of its values are above "
+     "1., from 0 to 100"),
     ('{"epochs": 3, "learning_curve": [{"time": 9.0, "top_1": 0.1}, {"time": 8.5, "top_1": 0.2}'
      ']}\n', "times must not decrease: each is the seconds since the run began"),
     ('{"epochs": 3, "learning_curve": [{"time": -5.0, "top_1": 0.9}]}\n',
@@ -206,6 +212,36 @@ def test_an_opda_table_needs_a_target_that_some_run_reaches(tmp_path):
         load_table(f"opda:{tmp_path / 'missing.jsonl'}", 0.7)
     with pytest.raises(TableError, match="unknown table kind 'odpa'"):
         load_table(f"odpa:{path}", 0.7)
+
+
+def test_an_opda_table_recorded_in_percent_is_read_as_shares(tmp_path):
+    """A table whose accuracy is in percent (BLEU, an accuracy in %: most values above 1)
+    replays as shares, its target given either way; a share table's target above 1, or an
+    LCBench accuracy's share target above 1, is refused, and LCBench's val_accuracy (which
+    the surrogate gives in percent) takes a target in percent."""
+    rows = [json.loads(line) for line in _opda_file(tmp_path).read_text().splitlines()]
+    for row in rows:
+        for entry in row["learning_curve"]:
+            entry["bleu"] = round(100 * entry.pop("top_1"), 2)
+    path = tmp_path / "percent.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shares = load_table(f"opda:{_opda_file(tmp_path)}", 0.70)
+    for target in (70, 0.7):
+        table = load_table(f"opda:{path}", target, metric="bleu")
+        assert table.target == pytest.approx(0.7)
+        assert table.runs[0].values == pytest.approx(shares.runs[0].values)
+        assert table.best_tta == shares.best_tta
+        assert any("bleu is recorded in percent (0 to 100): read as a share" in n
+                   for n in table.notes)
+    assert load_table(f"opda:{path}", metric="bleu").target == pytest.approx(
+        load_table(f"opda:{_opda_file(tmp_path)}").target)
+    assert not any("percent" in n for n in shares.notes)
+    with pytest.raises(TableError, match=r"--target 70 is above 1, but top1 in .* is a share "
+                                         r"from 0 to 1: give the target as one \(0.7 for 70%"):
+        load_table(f"opda:{_opda_file(tmp_path)}", 70)
+    with pytest.raises(TableError, match="--target 70 is above 1, but val_balanced_accuracy of "
+                                         "yahpo-lcbench:167168 is a share"):
+        load_table("yahpo-lcbench:167168", 70, metric="val_balanced_accuracy")
 
 
 def test_an_opda_table_from_another_search_is_searched_over_what_it_holds(tmp_path):
@@ -514,6 +550,10 @@ def test_a_yahpo_instance_replays_through_the_surrogate():
         assert outcome.trials >= 20 and outcome.compute > 0
     with pytest.raises(TableError, match="LCBench has no instance"):
         load_table("yahpo-lcbench:nosuch", yahpo_data=EXTERNAL / "yahpo-lcbench")
+    # the surrogate gives val_accuracy in percent: a target may be given so
+    percent = load_table("yahpo-lcbench:167168", 100 * table.target,
+                         yahpo_data=EXTERNAL / "yahpo-lcbench")
+    assert percent.target == pytest.approx(table.target)
 
 
 def test_surrogate_epoch_times_that_dip_are_spread_between_record_highs():

@@ -244,7 +244,8 @@ def test_a_target_no_run_reaches_is_refused_in_one_line_before_any_replay(tmp_pa
     (["--goals", "1.5,inf"], "--goals must be finite numbers >= 1"),
     (["--goals", "0.5"], "--goals must be finite numbers >= 1"),
     (["--seeds", "0"], "--seeds must be positive"),
-    (["--target", "1.5"], r"--target must be an accuracy in \(0, 1\]"),
+    (["--target", "150"], r"--target must be an accuracy in \(0, 1\] \(or a percentage up "
+                          r"to 100 for an opda table recorded in percent\)"),
 ])
 def test_compare_refuses_a_bad_flag_in_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as stop:

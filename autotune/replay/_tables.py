@@ -334,14 +334,16 @@ def _merge_sets(row: dict[str, Any], where: str, key: str = "") -> dict[str, Any
 
 def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
               offset: int | None = None, falls: bool = False,
-              per_unit: float | None = None, counter: str | None = None) -> Run:
+              per_unit: float | None = None, counter: str | None = None,
+              percent: bool = False) -> Run:
     """One run of an opda table: ``key`` the metric's entry key, ``length`` the key of the
     schedule's length (``_OPDA_LENGTHS``); ``offset``: what to add to an entry's count to get
     the units done (None: the layout's own, 1 for opda's 0-indexed epochs); ``falls``: the
     metric falls (a loss: 0 or more, any size), else it is an accuracy (0 to 1).
     ``per_unit``: where the table records no time, the clock is the units done times this
     (a step's examples; 1: the units themselves), or, given ``counter``, each entry's count of
-    the data trained on so far (``tokens``); an evaluation at 0 is left out."""
+    the data trained on so far (``tokens``); an evaluation at 0 is left out. ``percent``: the
+    accuracy is recorded in percent (0 to 100, ``_in_percent``), read as a share."""
     curve = row["learning_curve"]
     if not isinstance(curve, list):
         raise TableError(f"{where}: learning_curve must be a list of evaluations")
@@ -365,10 +367,18 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
         if value is not None and falls and value < 0:
             raise TableError(f"{where}: learning_curve entry {i + 1}: {key} is {value:g}; a "
                              "metric that falls (--mode min: a loss) is 0 or more")
-        if value is not None and not falls and not 0 <= value <= 1:
+        if value is not None and not falls and percent and not 0 <= value <= 100:
             raise TableError(f"{where}: learning_curve entry {i + 1}: {key} is {value:g}; the "
-                             "target's metric is an accuracy, a share from 0 to 1 (a "
-                             "percentage divided by 100; for a loss give --mode min)")
+                             "table records it in percent (most of its values are above 1), "
+                             "from 0 to 100 (for a metric that falls, a loss, give --mode "
+                             "min)")
+        if value is not None and not falls and not percent and not 0 <= value <= 1:
+            raise TableError(f"{where}: learning_curve entry {i + 1}: {key} is {value:g}; the "
+                             "target's metric is an accuracy, a share from 0 to 1 (or a "
+                             "percentage from 0 to 100 in every run; for a loss give --mode "
+                             "min)")
+        if value is not None and percent:
+            value /= 100.0
         if value is None:
             if p[key] is not None and not (isinstance(p[key], float) and math.isnan(p[key])):
                 raise TableError(f"{where}: learning_curve entry {i + 1}: {key} must be a "
@@ -410,6 +420,16 @@ def _opda_run(row: dict[str, Any], key: str, where: str, length: str = "epochs",
     diverged = broke or (bool(row.get("nan_train_loss")) and (not done or done[-1] < planned))
     return Run(tuple(times), tuple(values), tuple(done), planned,
                "diverged" if diverged else "planned_epochs", losses=tuple(losses))
+
+
+def _in_percent(rows: list[dict[str, Any]], key: str) -> bool:
+    """Whether a table records its accuracy ``key`` in percent (0 to 100: BLEU, an accuracy
+    in %): most of its finite values are above 1. A share table with a stray value above 1
+    is not one (that value is refused, by its line)."""
+    values = [v for row in rows if isinstance(row.get("learning_curve"), list)
+              for p in row["learning_curve"] if isinstance(p, dict)
+              for v in (_number(p.get(key)),) if v is not None]
+    return 2 * sum(v > 1 for v in values) > len(values)
 
 
 def _counts_from_one(rows: list[dict[str, Any]]) -> bool:
@@ -648,8 +668,17 @@ def opda(path: Path, target: float | None, metric: str = "top1",
         offset = 0
         notes.append("the entries count epochs from 1 (no entry at epoch 0, and some at a "
                      "run's last epoch): read as epochs done")
+    percent = not falls and _in_percent(rows, key)
+    if percent:
+        notes.append(f"{metric} is recorded in percent (0 to 100): read as a share (/100), "
+                     "and so is every figure; --target may be given either way")
+    if target is not None and not falls and target > 1:
+        if not percent:
+            raise TableError(f"--target {target:g} is above 1, but {metric} in {path} is a "
+                             "share from 0 to 1: give the target as one (0.7 for 70%)")
+        target /= 100.0
     runs = [_opda_run(row, key, f"{path}, line {number}", length, offset, falls,
-                      per_unit(row), counter)
+                      per_unit(row), counter, percent)
             for number, row in enumerate(rows, start=1)]
     fixed = [n for n in names if len({repr(p[n]) for p in points}) < 2]
     if fixed and len(fixed) == len(names):
@@ -900,6 +929,12 @@ def load_table(spec: str, target: float | None = None, *, metric: str = "top1",
                          "(or has none to give): leave it out")
     if num_classes is not None and num_classes < 2:
         raise TableError(f"--num-classes must be at least 2, got {num_classes}")
+    if mode == "max" and target is not None and target > 1 and kind != "opda":
+        # a share's target given in percent: LCBench records its accuracy so
+        if kind == "autotune" or _YAHPO_METRICS[metric][2] != 100.0:
+            raise TableError(f"--target {target:g} is above 1, but {metric} of {spec} is a "
+                             "share from 0 to 1: give the target as one (0.7 for 70%)")
+        target /= 100.0
     if kind == "opda":
         return opda(Path(rest).expanduser(), target, metric, num_classes, mode == "min")
     if kind == "yahpo-lcbench":
