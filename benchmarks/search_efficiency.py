@@ -362,7 +362,7 @@ def breakdown(seeds: int, proposals: str, spec: str = str(DATA),
         parts = ", ".join(f"{end} {100 * sum(v) / total:.1f}%" for end, v in
                           sorted(spent.items(), key=lambda kv: -sum(kv[1])))
         print(f"  {label}: {n / seeds:.1f} trials a study, {100 * seconds / total:.1f}% of "
-              f"compute ({parts})")
+              f"compute" + (f" ({parts})" if parts else ""))
     print(f"launch_overhead_share={overhead / total:.2f} trials_per_study={count / seeds:.1f} "
           f"{'seconds' if table.unit == 's' else table.unit}_per_trial={total / count:.4g} "
           "diverged_share="
