@@ -159,11 +159,13 @@ _ARGUMENTS_REFUSED = re.compile(r"unrecognized arguments:.*--(plan|report-to|loc
 
 
 def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best: float,
-             evals: int, stop_reason: str, loss: float | None = None) -> TrialResult:
+             evals: int, stop_reason: str, loss: float | None = None,
+             collapsed: bool = False) -> TrialResult:
     """The outcome of trial ``number`` from the trainer's end report (None: it sent none and
     exited with ``code``, ``tail`` the end of its log), ``best`` its best metric, ``evals`` its
-    evaluations, ``stop_reason`` the reason the worker last gave it to stop and ``loss`` the
-    validation loss of its last evaluation (None: not reported)."""
+    evaluations, ``stop_reason`` the reason the worker last gave it to stop, ``loss`` the
+    validation loss of its last evaluation (None: not reported) and ``collapsed`` whether its
+    accuracy fell back to chance after rising (the pruner's ``collapsed`` rule)."""
     if end is None:
         why = "hung" if code in (-9, -15) else "crashed"
         said = ("trainer exited with code 0 without reporting its end (a script reports "
@@ -197,6 +199,8 @@ def classify(number: int, end: dict[str, Any] | None, code: int, tail: str, best
             detail = "loss became NaN or infinite"
         elif loss is not None and loss > Rules.blowup_loss:
             detail = f"the weights blew up: validation loss {loss:.3g} at chance{after}"
+        elif collapsed:
+            detail = f"accuracy fell back to chance{after}, from a best of {best:.3g}"
         else:
             detail = f"accuracy still at chance{after}"
         return TrialResult(number, {}, "failed", reason, value=float(end["elapsed_s"]),

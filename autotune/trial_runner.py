@@ -34,6 +34,7 @@ from .errors import AutotuneError, PlanError, SpaceError, is_disk_full
 from .launch import read_hostfile, trainer_env
 from .modes import make_pruner, mode_of
 from .plan import Hardware, derived_params, resolve
+from .pruners import TimeToAccuracyPruner
 from .ranks import Ranks, trial_command
 from .space import InfeasiblePoint, SearchSpace, SpaceCodeError
 from .stopping import describe, stop_requested
@@ -348,9 +349,11 @@ class TrialRunner:
             end = {**end, "reason": "stopped"}       # it was the study's deadline, not the best
             stop_reason = "study_timeout"
         last = handler.curve[-1] if handler.curve else []
+        fell = isinstance(self.pruner, TimeToAccuracyPruner) and stop_reason == "diverged" \
+            and self.pruner.collapsed(handler.curve)
         result = classify(trial.number, end, code, process.cause() if end is None else "",
                           handler.best, handler.evals, stop_reason,
-                          loss=last[4] if len(last) > 4 else None)
+                          loss=last[4] if len(last) > 4 else None, collapsed=fell)
         if bad is not None:
             result = TrialResult(trial.number, {}, "failed", "bad_report",
                                  best_metric=handler.best, evals=handler.evals,

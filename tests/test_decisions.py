@@ -165,6 +165,10 @@ def test_an_end_report_is_classified_by_its_reason():
                     "diverged").detail == "accuracy still at chance after 3 optimizer step(s)"
     assert classify(1, {"reason": "diverged", "elapsed_s": 2.0, "steps": 3}, 0, "", 0.1, 2,
                     "").detail == "loss became NaN or infinite"
+    # one that rose, then fell back to chance for good (the pruner's collapse rule)
+    assert classify(1, {"reason": "diverged", "elapsed_s": 5.0, "steps": 40}, 0, "", 0.782, 5,
+                    "diverged", loss=1.1, collapsed=True).detail == \
+        "accuracy fell back to chance after 40 optimizer step(s), from a best of 0.782"
     assert classify(1, {"reason": "diverged", "elapsed_s": 2.0, "steps": 1}, 0, "", 0.1, 1,
                     "diverged", loss=1.06e24).detail == \
         "the weights blew up: validation loss 1.06e+24 at chance after 1 optimizer step(s)"

@@ -12,6 +12,7 @@ from autotune.pruners import (
     Rules,
     TimeToAccuracyPruner,
     best_tta,
+    collapsed,
     could_reach,
     decide,
     interpolate,
@@ -317,6 +318,41 @@ def test_one_evaluations_drop_to_chance_at_half_the_schedule_is_not_divergence()
     assert decide(dipped, [], None, IMAGENET) is None
     flat = Curve(dipped.times, (0.001, 0.0012, 0.001, 0.001), dipped.progress)
     assert decide(flat, [], None, IMAGENET) == "diverged"
+
+
+# A DeBERTa-base fine-tuning run on MultiNLI's 3 classes (opda's table, iteration 9, LR 3.1e-4):
+# 0.78 after 1,000 steps, then answering one class (the class shares 0.318 - 0.354) for the
+# rest of its 9,817 steps, with no loss that blows up.
+MNLI = Rules(target=0.88, chance=1 / 3)
+COLLAPSE = [(1000, 0.782), (2000, 0.715), (3000, 0.354), (4000, 0.354), (5000, 0.318),
+            (6000, 0.318), (7000, 0.327), (8000, 0.354), (9000, 0.318), (9817, 0.327)]
+
+
+def test_a_run_that_falls_back_to_chance_for_a_tenth_of_its_schedule_diverged():
+    def upto(k):
+        return curve(COLLAPSE[:k], planned_s=9817.0)
+    assert decide(upto(3), [], None, MNLI) is None      # one evaluation at chance: a dip
+    assert decide(upto(4), [], None, MNLI) is None      # two
+    assert collapsed(upto(5), MNLI) and decide(upto(5), [], None, MNLI) == "diverged"
+    # a warm-up still at chance has not collapsed (it never rose); nor has a curve whose
+    # reports say nothing of its schedule
+    warming = Curve((1000.0, 2000.0, 3000.0, 4000.0), (0.33, 0.34, 0.33, 0.35),
+                    (0.1, 0.2, 0.3, 0.4))
+    assert not collapsed(warming, MNLI) and decide(warming, [], None, MNLI) is None
+    no_schedule = Curve(upto(5).times, upto(5).values)
+    assert not collapsed(no_schedule, MNLI)
+    # three evaluations at chance within less than a tenth of the schedule: not yet
+    quick = Curve((100.0, 200.0, 300.0, 400.0, 500.0), (0.6, 0.7, 0.34, 0.33, 0.34),
+                  (0.01, 0.02, 0.03, 0.04, 0.05))
+    assert not collapsed(quick, MNLI) and decide(quick, [], None, MNLI) is None
+    # the ConvNeXt run that dipped to 0.001 for one epoch at half its schedule goes on (above)
+
+
+def test_the_pruner_says_whether_a_stored_curve_collapsed():
+    pruner = TimeToAccuracyPruner(0.88, num_classes=3)
+    rows = [[t, v, None, t / 9817.0, 1.1] for t, v in COLLAPSE]
+    assert pruner.collapsed(rows) and not pruner.collapsed(rows[:4])
+    assert not TimeToAccuracyPruner(0.88, num_classes=None).collapsed(rows)   # no chance known
 
 
 def _finished_miss(i: int, planned_s: float) -> Curve:

@@ -8,7 +8,10 @@ Each rule answers one question about a running trial and returns a stop reason o
 * ``diverged``: the loss is NaN or infinite; or accuracy is at chance with a validation loss
   past ``blowup_loss`` (the weights have blown up: logits millions apart); or the best accuracy
   so far is still at chance after a set share of the planned schedule (one evaluation's dip to
-  chance after a rise is not divergence);
+  chance after a rise is not divergence); or it rose above chance and then fell back to it
+  for its last ``collapse_evals`` evaluations, over ``collapse_share`` of its schedule (the
+  model collapsed to answering one class, as too high a learning rate leaves it, without a
+  loss that blows up);
 * ``bound``: its elapsed time has passed the best TTA (times a margin), or its next
   evaluation cannot come before it: it cannot win (TTA is taken at an evaluation);
 * ``projection``: even an optimistic projection of its TTA (its best accuracy so far, at the
@@ -43,8 +46,8 @@ from dataclasses import dataclass
 
 from ._curves import Curve, interpolate
 
-__all__ = ["Rules", "could_reach", "decide", "follows_a_miss", "next_evaluation",
-           "optimistic_tta", "rungs_crossed"]
+__all__ = ["Rules", "collapsed", "could_reach", "decide", "follows_a_miss",
+           "next_evaluation", "optimistic_tta", "rungs_crossed"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Rules:
     same_end: float = 0.1         # follows_miss: planned ends this close (share) count as alike
     follow_evals: int = 3         # ... judged after this many evaluations
     follow_share: float = 0.1     # ... and this share of the schedule
+    collapse_evals: int = 3       # diverged: back at chance for this many evaluations in a row
+    collapse_share: float = 0.1   # ... spanning this share of the schedule
     chance_band: float = 0.05     # "at chance": up to half of chance above it, at most this
     falls: bool = False           # the metric falls to its target (a loss): every value, the
                                   # target and chance (-inf: none) are given negated
@@ -184,6 +189,20 @@ def _warming_at_chance(curve: Curve, rules: Rules) -> bool:
     return rules.at_chance(curve.best) and progress < rules.diverge_after
 
 
+def collapsed(curve: Curve, rules: Rules) -> bool:
+    """It rose above chance, then its accuracy fell back to chance and stayed there for its
+    last ``collapse_evals`` evaluations, spanning ``collapse_share`` of its schedule (from the
+    reports' share done: a table or trainer without it never collapses). One evaluation's
+    dip to chance is noise; a model that answers one class for a tenth of its schedule has
+    lost what it learnt."""
+    n = rules.collapse_evals
+    if len(curve.values) <= n or not curve.progress or rules.at_chance(curve.best):
+        return False
+    if not all(rules.at_chance(v) for v in curve.values[-n:]):
+        return False
+    return curve.progress[-1] - curve.progress[-n] >= rules.collapse_share
+
+
 def _trained_whole_schedule(curve: Curve) -> bool:
     """Ended on its own at the end of its planned schedule (not stopped, not failed)."""
     return (not curve.running and not curve.failed and bool(curve.progress)
@@ -254,6 +273,8 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
     progress = curve.progress[-1] if curve.progress else 0.0
     never_left_chance = bool(curve.values) and rules.at_chance(curve.best)
     if never_left_chance and progress >= rules.diverge_after:
+        return "diverged"
+    if collapsed(curve, rules):
         return "diverged"
     if curve.reached_at is not None or not curve.times:
         return None

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import record
 from ._curves import Curve
-from ._rules import Rules, decide
+from ._rules import Rules, collapsed, decide
 
 __all__ = ["TimeToAccuracyPruner", "best_tta", "CURVE_KEY", "ELAPSED_KEY", "OUTCOME_KEY"]
 
@@ -65,6 +66,13 @@ class TimeToAccuracyPruner(optuna.pruners.BasePruner):
         return Curve.of(trial.user_attrs.get(CURVE_KEY, []), _METRIC_INDEX[self.metric], reached,
                         running=trial.state == TrialState.RUNNING, failed=outcome == "failed",
                         sign=-1.0 if self.rules.falls else 1.0)
+
+    def collapsed(self, rows: list[list[Any]]) -> bool:
+        """Whether a curve of stored rows (``record.CURVE``'s) rose above chance and fell back
+        to it for good (``_rules.collapsed``): what a ``diverged`` stop then says."""
+        curve = Curve.of(rows, _METRIC_INDEX[self.metric],
+                         sign=-1.0 if self.rules.falls else 1.0)
+        return self.full and collapsed(curve, self.rules)
 
     def decide(self, study: optuna.Study, trial: FrozenTrial) -> str | None:
         """The reason to stop ``trial`` now (bound, projection, rung, diverged), or None."""
