@@ -485,3 +485,20 @@ def test_a_falling_metric_has_no_chance_level_and_its_end_allowance_is_relative(
     assert not pruner.rules.at_chance(-5.0)
     with pytest.raises(ValueError, match="a target that falls must be above 0"):
         TimeToAccuracyPruner(0.0, falls=True)
+
+
+def test_a_near_miss_is_no_known_miss():
+    """A fine-tuning run that crept to 0.889 at its end, short of 0.891 by less than its last
+    evaluations wobbled (0.886, 0.889, 0.887, 0.889): the goal run, a near-repeat of it, sits
+    at or below it early and passes the target by that wobble at its end. Retracing it is no
+    sign of missing; retracing a run that fell short by more than it wobbled still is."""
+    rules = Rules(target=0.891, chance=1 / 3)
+    near = ended([(1000, 0.80), (2000, 0.86), (3000, 0.874), (4000, 0.886), (5000, 0.889),
+                  (6000, 0.887), (7000, 0.889)], planned_s=7000)
+    again = curve([(1000, 0.79), (2000, 0.855), (3000, 0.872)], planned_s=7000)
+    assert decide(again, [near], best_tta=None, rules=rules) is None
+    def lower(c, by=0.02):
+        return [(t, v - by) for t, v in zip(c.times, c.values, strict=True)]
+    far = ended(lower(near), planned_s=7000)
+    assert decide(curve(lower(again), planned_s=7000), [far], best_tta=None,
+                  rules=rules) == "follows_miss"

@@ -221,12 +221,23 @@ def _behind_finished_misses(curve: Curve, leaders: Sequence[Curve], rules: Rules
     return curve.planned_end() <= min(done)
 
 
+def _clear_miss(miss: Curve, rules: Rules) -> bool:
+    """A run that missed by more than its curve's own wobble at its end: the largest fall
+    between two of its last ``follow_evals`` + 1 evaluations (a rise is its trend; a fall,
+    its evaluations' noise, which a near-repeat of it may have the other way)."""
+    last = miss.values[-(rules.follow_evals + 1):]
+    wobble = max((a - b for a, b in zip(last, last[1:], strict=False)), default=0.0)
+    return rules.target - miss.best > wobble
+
+
 def follows_a_miss(curve: Curve, others: Sequence[Curve], rules: Rules) -> bool:
     """Some ended trial planned as long in time as this one (``same_end``) trained its whole
     schedule without reaching the target, and this trial's accuracy has been at or below that
     trial's (at equal elapsed time) at each of its evaluations, at least ``follow_evals`` of
     them over ``follow_share`` of its schedule. A trial still at chance in its warm-up has
-    shown nothing to compare."""
+    shown nothing to compare. A near miss does not count (``_clear_miss``): a run that ended
+    within its own last evaluations' wobble of the target is one a retracing trial may pass
+    by that wobble alone (at a table's top, the goal run and its near misses look alike)."""
     progress = curve.progress[-1] if curve.progress else 0.0
     if (len(curve.times) < rules.follow_evals or progress < rules.follow_share
             or _warming_at_chance(curve, rules)):
@@ -234,7 +245,7 @@ def follows_a_miss(curve: Curve, others: Sequence[Curve], rules: Rules) -> bool:
     end = curve.planned_end()
     for miss in others:
         if (not _trained_whole_schedule(miss) or miss.reached_at is not None
-                or miss.best >= rules.target
+                or miss.best >= rules.target or not _clear_miss(miss, rules)
                 or abs(end - miss.elapsed) > rules.same_end * miss.elapsed):
             continue
         alongside = [interpolate(miss, t) for t in curve.times]
