@@ -5,6 +5,11 @@ restarting: gRPC ``UNAVAILABLE``; PostgreSQL restarting: a dropped or refused co
 tried again with exponential backoff until ``patience_s`` runs out. Other errors pass through
 at once. A thread that must not wait (a worker answering its trainer) lowers its patience with
 ``with storage.patience(0): ...`` and gets :class:`StoreUnavailable` instead.
+
+A worker asking for a trial creates it already holding its mark (``with
+storage.new_trials_hold({...}): study.ask()``): Optuna's ``ask`` writes a bare trial and the
+caller writes its attributes after, so a worker killed between the two left a RUNNING trial
+that held nothing of autotune's and looked like another Optuna client's forever.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState
 
 __all__ = ["RetryingStorage", "StoreUnavailable", "is_transient"]
 
@@ -95,6 +102,27 @@ class RetryingStorage(BaseStorage):
         finally:
             self._local.patience = before
 
+    @contextlib.contextmanager
+    def new_trials_hold(self, user_attrs: dict[str, Any]) -> Iterator[None]:
+        """Within the block, a trial this thread creates (``study.ask()``, where no queued
+        trial is waiting) holds ``user_attrs`` from the one write that creates it."""
+        before = getattr(self._local, "marks", None)
+        self._local.marks = dict(user_attrs)
+        try:
+            yield
+        finally:
+            self._local.marks = before
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        marks = getattr(self._local, "marks", None)
+        if marks and template_trial is None:
+            # started now on this machine's clock, as Optuna's own ask on a database stamps it
+            template_trial = FrozenTrial(
+                number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.now(),
+                datetime_complete=None, params={}, distributions={}, user_attrs=dict(marks),
+                system_attrs={}, intermediate_values={}, trial_id=-1)
+        return int(self._call("create_new_trial", study_id, template_trial))
+
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         method: Callable[..., Any] = getattr(self._inner, name)
         patience = getattr(self._local, "patience", None)
@@ -161,6 +189,7 @@ def _delegate(name: str) -> Callable[..., Any]:
 
 
 for _name in dir(BaseStorage):
-    if not _name.startswith("_") and callable(getattr(BaseStorage, _name)):
+    if (not _name.startswith("_") and callable(getattr(BaseStorage, _name))
+            and _name not in RetryingStorage.__dict__):    # its own: create_new_trial
         setattr(RetryingStorage, _name, _delegate(_name))
 RetryingStorage.__abstractmethods__ = frozenset()

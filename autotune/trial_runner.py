@@ -156,14 +156,26 @@ class TrialRunner:
             with patience(seconds):
                 yield
 
+    def _ask_marked(self, study: optuna.Study) -> optuna.Trial:
+        """Optuna's next trial, marked as this worker's (``ASKED_BY``: autotune's, not a
+        notebook's). A new trial holds the mark from the write that creates it, so a worker
+        killed while asking leaves a trial the sweep knows for autotune's; a queued one popped
+        from the waiting list gets it right after."""
+        marks = {record.ASKED_BY: self.asker}
+        hold = getattr(self.storage, "new_trials_hold", None)
+        with hold(marks) if hold is not None else contextlib.nullcontext():
+            trial = study.ask()
+        if trial.user_attrs.get(record.ASKED_BY) != self.asker:
+            trial.set_user_attr(record.ASKED_BY, self.asker)
+        return trial
+
     def _ask(self, study: optuna.Study) -> tuple[optuna.Trial, dict[str, Any]]:
         """A new trial and its parameters; points that violate a constraint, or that the
         space's define-by-run code raised on, are dropped (recorded as failed with outcome
         ``infeasible`` and why, never trained nor counted)."""
         raised = 0
         for _ in range(MAX_INFEASIBLE):
-            trial = study.ask()
-            trial.set_user_attr(record.ASKED_BY, self.asker)   # autotune's, not a notebook's
+            trial = self._ask_marked(study)
             try:
                 params = self.space.sample(trial)
             except (InfeasiblePoint, SpaceCodeError) as e:
