@@ -276,3 +276,32 @@ def test_compare_on_a_table_without_times_names_its_unit_in_every_figure(tmp_pat
     rows = [line for line in out if line.split()[0] in ("autotune", "random")]
     assert len(rows) == 2 and all("M examples" in r and " h " not in r for r in rows)
     assert out[-1].startswith("autotune_median_Mexamples=")
+
+
+def test_the_synthetic_fine_tuning_table_replays_in_opdas_fine_tuning_layout(tmp_path):
+    """`benchmarks/finetune_table.py` writes runs the opda loader reads as a fine-tuning table
+    (curves by validation set, compute in training examples); the same seed writes the same
+    runs; a learning rate high enough collapses a run to a class's share, as a diverged
+    model answers one class; and a study replays on it."""
+    import subprocess
+
+    script = _PATH.parent / "finetune_table.py"
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for path in paths:
+        done = subprocess.run([sys.executable, str(script), str(path), "--runs", "80"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    rows = [json.loads(line) for line in paths[0].read_text().splitlines()]
+    assert len(rows) == 80
+    collapsed = [r for r in rows if max(a for _, a in r["learning_curves"]["matched"]) < 0.4]
+    assert collapsed and all(r["learning_rate"] > 1.5e-4 for r in collapsed)
+    table = load_table(f"opda:{paths[0]}", 0.86)
+    assert table.unit == "examples" and table.shown == "matched"
+    assert any(r.reached_at(0.86) is not None for r in table.runs)
+    outcome = Replay(table, "autotune", seed=0, max_trials=10, min_compute_factor=0.0).run()
+    assert outcome.trials == 10
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "c.jsonl"), "--runs", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--runs must be at least 2" in bad.stderr
+    assert not (tmp_path / "c.jsonl").exists()
