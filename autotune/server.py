@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 from ._channel import (
@@ -141,6 +142,17 @@ class _Snapshots(RetryingStorage):
         self._studies.pop(study_id, None)
         self._directions.pop(study_id, None)
         self._ids = {k: v for k, v in self._ids.items() if v != study_id}
+
+    def create_new_trial(self, study_id: int, template_trial: Any = None) -> int:
+        # A worker's ask sends a RUNNING template that holds its mark (``_retry``), stamped
+        # on the worker's clock; stamped here instead, as Optuna's own ask through this server
+        # is, so a trial's start and its end (stamped here when it is told) share one clock.
+        from optuna.trial import TrialState
+
+        if template_trial is not None and template_trial.state == TrialState.RUNNING:
+            template_trial = copy.deepcopy(template_trial)
+            template_trial.datetime_start = datetime.now()
+        return super().create_new_trial(study_id, template_trial)
 
     def get_trial(self, trial_id: int) -> Any:
         done = self._finished.get(trial_id)

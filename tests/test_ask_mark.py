@@ -121,3 +121,32 @@ def test_through_the_study_server_too(postgres, tmp_path):
     assert trial.user_attrs.get(record.ASKED_BY) == "w1"
     assert not record.asked_elsewhere(trial)
     _swept(database_url(db_url), db_url)
+
+
+def test_the_study_server_stamps_a_workers_new_trial_on_its_own_clock(tmp_path):
+    # the mark rides on a template trial, which carries the worker's clock: a worker whose
+    # clock runs an hour behind would start its trials an hour early, and their compute (end,
+    # stamped by the server, minus start) would be an hour too long
+    from datetime import datetime, timedelta
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    from autotune.server import open_database
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    behind = datetime.now() - timedelta(hours=1)
+    template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None,
+                           datetime_start=behind, datetime_complete=None, params={},
+                           distributions={}, user_attrs={record.ASKED_BY: "w"},
+                           system_attrs={}, intermediate_values={}, trial_id=-1)
+    served = open_database(url)
+    trial_id = served.create_new_trial(study._study_id, template_trial=template)
+    trial = served.get_trial(trial_id)
+    assert abs((trial.datetime_start - datetime.now()).total_seconds()) < 60
+    assert trial.user_attrs == {record.ASKED_BY: "w"} and trial.state == TrialState.RUNNING
+    queued = served.create_new_trial(study._study_id, template_trial=FrozenTrial(
+        number=-1, state=TrialState.WAITING, value=None, datetime_start=None,
+        datetime_complete=None, params={}, distributions={}, user_attrs={}, system_attrs={},
+        intermediate_values={}, trial_id=-1))
+    assert served.get_trial(queued).datetime_start is None     # a queued trial: as sent
