@@ -181,8 +181,9 @@ def _requeue(storage: Any, lost: dict[str, Any]) -> bool:
     if trial.state != TrialState.RUNNING:
         return False                               # it was told before the worker died
     checkpoint = lost.get("checkpoint_path")
-    detail = (f"worker {lost['worker']} stopped sending heartbeats; the trial resumes from "
-              f"{'its checkpoint ' + checkpoint if checkpoint else 'the start'}")
+    detail = lost.get("detail") or (
+        f"worker {lost['worker']} stopped sending heartbeats; the trial resumes from "
+        f"{'its checkpoint ' + checkpoint if checkpoint else 'the start'}")
     attrs: dict[str, Any] = {record.OUTCOME: "failed", record.STOP_REASON: "worker_lost",
                              record.DETAIL: detail}
     if checkpoint:   # the registry's record is the latest; the worker's own write may be lost
@@ -242,8 +243,12 @@ def _sweep_orphans(registry: Registry, storage: Any, study_name: str, after_s: f
                 old.append(trial)
     swept = []
     for trial in old:
+        taker = trial.user_attrs.get(record.ASKED_BY)
         lost = {"study": study_name, "trial_number": trial.number, "worker": "unknown",
-                "checkpoint_path": None, "last_heartbeat": time.time()}
+                "checkpoint_path": None, "last_heartbeat": time.time(),
+                "detail": f"{'worker ' + str(taker) if taker else 'a worker'} took it and "
+                          f"recorded no attempt of it within {after_s:.0f} s (it died while "
+                          "starting it); the trial starts afresh"}
         if _requeue(storage, lost):
             swept.append(trial.number)
     return swept

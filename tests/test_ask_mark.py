@@ -69,6 +69,9 @@ def _swept(url: str, registry_url: str) -> None:
         study = optuna.load_study(study_name="s", storage=storage)
         assert [t.state.name for t in study.trials] == ["FAIL", "WAITING"]
         assert study.trials[0].user_attrs[record.STOP_REASON] == "worker_lost"
+        assert study.trials[0].user_attrs[record.DETAIL] == (
+            "worker w1 took it and recorded no attempt of it within 60 s (it died while "
+            "starting it); the trial starts afresh")
     finally:
         registry.close()
 
