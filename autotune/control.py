@@ -247,8 +247,8 @@ def _sweep_orphans(registry: Registry, storage: Any, study_name: str, after_s: f
         lost = {"study": study_name, "trial_number": trial.number, "worker": "unknown",
                 "checkpoint_path": None, "last_heartbeat": time.time(),
                 "detail": f"{'worker ' + str(taker) if taker else 'a worker'} took it and "
-                          f"recorded no attempt of it within {after_s:.0f} s (it died while "
-                          "starting it); the trial starts afresh"}
+                          f"recorded no attempt of it within {after_s:.0f} s (a worker records "
+                          "one as it starts a trial); the trial starts afresh"}
         if _requeue(storage, lost):
             swept.append(trial.number)
     return swept

@@ -70,8 +70,8 @@ def _swept(url: str, registry_url: str) -> None:
         assert [t.state.name for t in study.trials] == ["FAIL", "WAITING"]
         assert study.trials[0].user_attrs[record.STOP_REASON] == "worker_lost"
         assert study.trials[0].user_attrs[record.DETAIL] == (
-            "worker w1 took it and recorded no attempt of it within 60 s (it died while "
-            "starting it); the trial starts afresh")
+            "worker w1 took it and recorded no attempt of it within 60 s (a worker records "
+            "one as it starts a trial); the trial starts afresh")
     finally:
         registry.close()
 
