@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
+from optuna.trial import TrialState
+
 from ._channel import (
     LOOPBACK,
     STATES_KEY,
@@ -147,8 +149,6 @@ class _Snapshots(RetryingStorage):
         # A worker's ask sends a RUNNING template that holds its mark (``_retry``), stamped
         # on the worker's clock; stamped here instead, as Optuna's own ask through this server
         # is, so a trial's start and its end (stamped here when it is told) share one clock.
-        from optuna.trial import TrialState
-
         if template_trial is not None and template_trial.state == TrialState.RUNNING:
             template_trial = copy.deepcopy(template_trial)
             template_trial.datetime_start = datetime.now()
