@@ -59,13 +59,19 @@ def _admin(server_url: str, sql: str) -> None:
 
 
 def _storage(mode: str, target: str) -> Any:
+    """The client autotune's workers use, without patience (no retries: errors count), so a
+    new trial is created holding its worker's mark as a worker asks for it."""
     import optuna
 
-    if mode == "server":  # the client autotune's workers use (no retries: errors count)
+    from autotune._retry import RetryingStorage
+
+    if mode == "server":
         from autotune.store import open_storage
 
-        return open_storage(f"autotune://{target}").inner
-    return optuna.storages.RDBStorage(target)
+        inner = open_storage(f"autotune://{target}").inner
+    else:
+        inner = optuna.storages.RDBStorage(target)
+    return RetryingStorage(inner, mode, patience_s=0.0)
 
 
 def _worker(mode: str, target: str, stop_at: float, seed: int, out: list[Any],
@@ -82,12 +88,14 @@ def _worker(mode: str, target: str, stop_at: float, seed: int, out: list[Any],
     while time.monotonic() < stop_at:
         try:
             if study is None:
-                study = optuna.load_study(study_name=STUDY, storage=_storage(mode, target),
+                storage = _storage(mode, target)
+                study = optuna.load_study(study_name=STUDY, storage=storage,
                                           sampler=optuna.samplers.RandomSampler(seed=seed),
                                           pruner=optuna.pruners.MedianPruner(
                                               n_startup_trials=5, n_warmup_steps=1))
             t = time.perf_counter()
-            trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+            with storage.new_trials_hold({"asked_by": f"worker-{seed}"}):
+                trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
             latencies.append(time.perf_counter() - t)
             x = float(trial.params["x"])
             pruned = False
