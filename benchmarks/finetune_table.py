@@ -91,6 +91,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 2:
         parser.error(f"--runs must be at least 2, got {args.runs}")
+    if args.out.is_dir():
+        parser.error(f"{args.out} is a folder; give the path of the JSON-lines file to write")
+    if not args.out.parent.is_dir():
+        parser.error(f"no folder {args.out.parent} to write {args.out.name} in; create it first")
     rng = random.Random(args.seed)
     partial = args.out.with_name(args.out.name + ".partial")
     with partial.open("w") as f:

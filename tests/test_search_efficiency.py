@@ -305,3 +305,9 @@ def test_the_synthetic_fine_tuning_table_replays_in_opdas_fine_tuning_layout(tmp
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--runs must be at least 2" in bad.stderr
     assert not (tmp_path / "c.jsonl").exists()
+    for out, says in ((tmp_path, "is a folder"), (tmp_path / "no" / "d.jsonl", "no folder")):
+        bad = subprocess.run([sys.executable, str(script), str(out)], capture_output=True,
+                             text=True, timeout=120)
+        assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
+    assert not (tmp_path.parent / f"{tmp_path.name}.partial").exists()
