@@ -89,7 +89,11 @@ class Embedded:
 
 
 def draw(dist: BaseDistribution, rng: random.Random) -> Any:
-    """One value of ``dist`` drawn uniformly over its (log) range, on its step grid."""
+    """One value of ``dist`` drawn uniformly over its (log) range, then rounded to its step
+    grid. The grid's two end values come half as often as the others (1 - 4 epochs: 1 and 4 one
+    draw in six each), on purpose: greedy maximin prefers a range's ends, and drawing them as
+    often as the values between (as Optuna's RandomSampler does) sent more trials to them and
+    cost the replayed ConvNeXt studies a sixth of their compute (BENCHMARKS.md)."""
     if isinstance(dist, CategoricalDistribution):
         return dist.choices[rng.randrange(len(dist.choices))]
     if not isinstance(dist, FloatDistribution | IntDistribution):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections import Counter
 from types import SimpleNamespace
 
 import optuna
@@ -60,6 +61,16 @@ def test_draws_stay_in_range_on_the_step_grid():
         value = draw(ints, rng)
         assert isinstance(value, int) and 4 <= value <= 9
         assert 0.01 <= draw(SPACE["lr"], rng) <= 2.0
+
+
+def test_an_integer_ranges_ends_are_drawn_half_as_often_as_the_values_between():
+    # Deliberate (BENCHMARKS.md): greedy maximin prefers a range's ends, so the draw does not
+    # give them a whole bin each; 1 - 4 epochs: 1 and 4 one draw in six, 2 and 3 one in three.
+    rng = random.Random(1)
+    counts = Counter(draw(IntDistribution(1, 4), rng) for _ in range(60_000))
+    assert set(counts) == {1, 2, 3, 4}
+    for value, share in ((1, 1 / 6), (2, 1 / 3), (3, 1 / 3), (4, 1 / 6)):
+        assert counts[value] / 60_000 == pytest.approx(share, abs=0.01), counts
 
 
 def test_the_farthest_candidate_is_kept():
