@@ -57,9 +57,11 @@ import math
 import multiprocessing
 import os
 import random
+import signal
 import statistics
 import sys
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -232,12 +234,28 @@ def table_of(spec: str, target: float | None, metric: str = "top1",
     return _TABLES[key]
 
 
-def _pool(jobs: int | None) -> ProcessPoolExecutor:
+def _quiet_on_interrupt() -> None:
+    """A pool worker's start: Ctrl-C ends it silently (the terminal sends it to every process
+    of the command; the main process alone says so, in one line)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _pool(jobs: int | None) -> Iterator[ProcessPoolExecutor]:
     """Worker processes started fresh (spawn), not forked: a fork copies the caller's threads'
     locks held mid-operation (a test runner's, a tracking client's) and its child can wait on
-    them forever; and a worker that dies breaks the pool at once instead of hanging it."""
-    return ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1,
-                               mp_context=multiprocessing.get_context("spawn"))
+    them forever; and a worker that dies breaks the pool at once instead of hanging it.
+    Interrupted, the pool drops the studies not yet started instead of replaying them all
+    before the interrupt reaches the user."""
+    pool = ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1,
+                               mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_quiet_on_interrupt)
+    try:
+        yield pool
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ...], str,
@@ -652,6 +670,19 @@ def main(argv: list[str] | None = None) -> None:
                      "that falls, a loss, give --mode min)")
     if falling and args.target is not None and not 0 < args.target < math.inf:
         parser.error(f"--target must be above 0 for a metric that falls, got {args.target}")
+    try:
+        _run(args, parser)
+    except KeyboardInterrupt:
+        # compare, breakdown and paper print a method's figures once all its studies are done;
+        # record keeps the configurations it recorded in its .partial file
+        hint = (": pass --resume to go on with the configurations recorded so far"
+                if args.command == "record" else "")
+        print(f"search_efficiency.py {args.command}: interrupted{hint}", file=sys.stderr)
+        sys.exit(130)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The command ``args`` names, its arguments checked."""
     if args.command == "record":
         record(args.n, args.max_seconds, args.seed, args.resume, args.out)
     elif args.command == "breakdown":

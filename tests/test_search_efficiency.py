@@ -311,3 +311,46 @@ def test_the_synthetic_fine_tuning_table_replays_in_opdas_fine_tuning_layout(tmp
         assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
     assert not (tmp_path.parent / f"{tmp_path.name}.partial").exists()
+
+
+@pytest.mark.parametrize("who", ["terminal", "main process"])
+def test_an_interrupted_compare_says_so_in_one_line_and_leaves_no_worker(tmp_path, who):
+    # Ctrl-C at a terminal reaches every process of the command; `kill -INT` the main one
+    # alone. Either way: one line, exit 130, and the studies not started are dropped (a full
+    # run of these 2,000 studies a method would take many minutes).
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-u", str(_PATH), "compare", "--seeds", "2000",
+                             "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:                 # the table's lines come before the pool
+            if "what any tuner is up against" in line:
+                break
+        workers: list[psutil.Process] = []
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline:
+            workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                       if "multiprocessing" in " ".join(c.cmdline())]
+            time.sleep(0.2)
+        assert len(workers) >= 2, "compare's worker processes never started"
+        time.sleep(3)                            # they import and take their first studies
+        if who == "terminal":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip() == "search_efficiency.py compare: interrupted", err[-2000:]
+    assert "autotune_median_h" not in out
+    _, alive = psutil.wait_procs(workers, timeout=60)
+    assert not alive, [p.pid for p in alive]
