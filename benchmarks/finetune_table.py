@@ -23,6 +23,7 @@ any recorded study: BENCHMARKS.md says so where it reports them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -91,16 +92,28 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 2:
         parser.error(f"--runs must be at least 2, got {args.runs}")
-    if args.out.is_dir():
-        parser.error(f"{args.out} is a folder; give the path of the JSON-lines file to write")
-    if not args.out.parent.is_dir():
-        parser.error(f"no folder {args.out.parent} to write {args.out.name} in; create it first")
+    try:
+        if args.out.is_dir():
+            parser.error(f"{args.out} is a folder; give the path of the JSON-lines file to write")
+        if not args.out.parent.is_dir():
+            parser.error(f"no folder {args.out.parent} to write {args.out.name} in; create it "
+                         "first")
+    except OSError as e:                        # a name too long, a folder it may not read
+        parser.error(f"cannot write {args.out}: {e.strerror or e}")
     rng = random.Random(args.seed)
     partial = args.out.with_name(args.out.name + ".partial")
-    with partial.open("w") as f:
-        for i in range(1, args.runs + 1):
-            f.write(json.dumps(run(rng, i)) + "\n")
-    partial.replace(args.out)
+    try:
+        with partial.open("w") as f:
+            for i in range(1, args.runs + 1):
+                f.write(json.dumps(run(rng, i)) + "\n")
+        partial.replace(args.out)
+    except (KeyboardInterrupt, OSError) as e:   # nothing half-written is left behind
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else \
+            f"cannot write it: {e.strerror or e}"
+        parser.exit(130 if isinstance(e, KeyboardInterrupt) else 1,
+                    f"{parser.prog}: {args.out} not written: {why}\n")
     print(f"{args.out}: {args.runs} synthetic fine-tuning runs (seed {args.seed})")
 
 

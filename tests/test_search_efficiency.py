@@ -354,3 +354,37 @@ def test_an_interrupted_compare_says_so_in_one_line_and_leaves_no_worker(tmp_pat
     assert "autotune_median_h" not in out
     _, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, [p.pid for p in alive]
+
+
+def test_the_fine_tuning_table_writer_leaves_nothing_half_written(tmp_path):
+    # interrupted, or a file it cannot write (a name too long for the file system): one line,
+    # and no .partial file beside the table
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = _PATH.parent / "finetune_table.py"
+    out = tmp_path / "big.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(out), "--runs", "5000000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not out.with_name(out.name + ".partial").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err == f"finetune_table.py: {out} not written: interrupted\n"
+    assert list(tmp_path.iterdir()) == []
+
+    for name, code, said in (("x" * 245 + ".jsonl", 1, "not written: cannot write it"),
+                             ("x" * 260 + ".jsonl", 2, "cannot write")):
+        # the first name fits and its .partial name passes 255 bytes; the second does not fit
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / name), "--runs",
+                               "4"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == code, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert "Traceback" not in done.stderr and said in lines[-1], done.stderr
+        assert code == 2 or len(lines) == 1
+        assert list(tmp_path.iterdir()) == []
