@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from .errors import AutotuneError, Stopped, Terminated, disk_full
+from .errors import AutotuneError, Stopped, Terminated, disk_full, path_refused
 
 __all__ = ["main"]
 
@@ -495,6 +495,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:
+        refused = path_refused(e)
+        if refused is not None:
+            print(f"autotune: error: {refused}", file=sys.stderr)
+            return 2 if e.errno == errno.ENAMETOOLONG else 1
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         print(f"autotune: error: {disk_full(e)}", file=sys.stderr)

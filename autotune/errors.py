@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["AutotuneError", "ConfigError", "PlanError", "SpaceError", "LaunchError",
-           "StudyFailing", "disk_full", "is_disk_full", "shipped_hint"]
+           "StudyFailing", "disk_full", "is_disk_full", "path_refused", "shipped_hint"]
 
 
 def is_disk_full(error: BaseException) -> bool:
@@ -36,6 +36,25 @@ def disk_full(error: OSError) -> str:
     return (f"no space left on the disk{where}{said}: free some there, or give run_dir, "
             "storage or tracking_uri on another disk; the same command resumes the study, and "
             "a trial that was running resumes from its latest checkpoint")
+
+
+def path_refused(error: BaseException) -> str | None:
+    """The one line for a path the system refuses to open (a name too long for the file
+    system, no permission, a read-only file system), or None for any other error."""
+    import errno
+
+    if not isinstance(error, OSError) or not error.filename:
+        return None
+    path = str(error.filename)
+    if error.errno == errno.ENAMETOOLONG:
+        return (f"{path}: a name in this path is longer than the file system allows (255 bytes "
+                "on most); give a shorter one")
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return (f"{path}: permission denied; give a path this user may read and write, or "
+                "change its permissions")
+    if error.errno == errno.EROFS:
+        return f"{path}: the file system is read-only; give a path on a writable one"
+    return None
 
 
 def shipped_hint(ref: str, shipped: list[str], what: str) -> str:

@@ -71,6 +71,7 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
+from autotune.errors import path_refused  # noqa: E402
 from autotune.replay import (  # noqa: E402
     METHODS,
     Outcome,
@@ -672,6 +673,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--target must be above 0 for a metric that falls, got {args.target}")
     try:
         _run(args, parser)
+    except OSError as e:
+        refused = path_refused(e)
+        if refused is None:
+            raise
+        parser.exit(2, f"search_efficiency.py {args.command}: error: {refused}\n")
     except KeyboardInterrupt:
         # compare, breakdown and paper print a method's figures once all its studies are done;
         # record keeps the configurations it recorded in its .partial file

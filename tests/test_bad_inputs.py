@@ -23,6 +23,9 @@ def _space(extra: str) -> str:
             f"    return SearchSpace({GOOD}, {extra}, world_size=world_size)\n")
 
 
+LONG = "z" * 300
+TOO_LONG = "a name in this path is longer than the file system allows (255 bytes on most)"
+
 # name: (study file text, expected words). Each file also gets `study_name: bad`.
 STUDY_FILES: dict[str, tuple[str, str]] = {
     "unknown model": ("trainer: {model: resnet9000}\n", "not a torchvision classification"),
@@ -468,6 +471,18 @@ VERBS = {
                                    "commands are 'autotune space show' and 'autotune space "
                                    "check'"),
     "db without upgrade": (["db", "--storage", "sqlite:///x.db"], "'autotune db upgrade'"),
+    # a name past the file system's 255 bytes: Python's path checks raise on it
+    "a study file's name too long": (["start", "study", LONG + ".yaml"], TOO_LONG),
+    "a study database's name too long": (["status", "--storage", f"sqlite:///{LONG}.db"],
+                                         TOO_LONG),
+    "a new study database's name too long": (["start", "study", "quickstart", "--storage",
+                                              f"sqlite:///{LONG}.db"], TOO_LONG),
+    "a run folder's name too long": (["start", "study", "quickstart", "--run-dir", LONG],
+                                     TOO_LONG),
+    "a space file's name too long": (["space", "check", LONG + ".py"], TOO_LONG),
+    "an export file's name too long": (["export", "curves", "s", "--out", LONG + ".jsonl"],
+                                       TOO_LONG),
+    "an MLflow store's name too long": (["ui", "--tracking-uri", LONG], TOO_LONG),
 }
 
 
@@ -575,3 +590,23 @@ def test_weights_that_cannot_start_the_model_are_refused_before_anything_is_writ
                 "state_dict": {"fc.bias": torch.zeros(3)}}, workdir / "saved34.pt")
     (workdir / "study.yaml").write_text(f"study_name: bad\ntrainer: {{weights: {weights}}}\n")
     _refused(["start", "study", "study.yaml"], says.format(dir=workdir), workdir, capsys)
+
+
+def test_a_path_the_system_refuses_is_named_with_what_to_do():
+    # permission and read-only file systems cannot be staged as root: the decision alone
+    import errno
+
+    from autotune.errors import path_refused
+
+    def said(code: int, path: str | None = "/srv/studies/a.db") -> str | None:
+        return path_refused(OSError(code, "refused", path))
+
+    assert said(errno.EACCES) == ("/srv/studies/a.db: permission denied; give a path this "
+                                  "user may read and write, or change its permissions")
+    assert said(errno.EPERM) == said(errno.EACCES)
+    assert said(errno.EROFS) == ("/srv/studies/a.db: the file system is read-only; give a "
+                                 "path on a writable one")
+    assert said(errno.ENAMETOOLONG, "/x").startswith("/x: a name in this path is longer")
+    assert said(errno.EACCES, None) is None          # no path to name: not this kind
+    assert said(errno.EIO) is None                   # another error: its own traceback
+    assert path_refused(ValueError("x")) is None

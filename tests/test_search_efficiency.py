@@ -246,6 +246,8 @@ def test_a_target_no_run_reaches_is_refused_in_one_line_before_any_replay(tmp_pa
     (["--seeds", "0"], "--seeds must be positive"),
     (["--target", "150"], r"--target must be an accuracy in \(0, 1\] \(or a percentage up "
                           r"to 100 for an opda table recorded in percent\)"),
+    (["--table", "opda:" + "z" * 300 + ".jsonl"], r"^search_efficiency.py compare: error: z+"
+                                                  r"\.jsonl: a name in this path is longer"),
 ])
 def test_compare_refuses_a_bad_flag_in_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as stop:
