@@ -209,7 +209,33 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the study file must be a mapping of keys to values")
     data = {str(k): v for k, v in data.items()}
+    where = _holds_nul(data)
+    if where is not None:
+        raise ConfigError(f"{path}: {where} holds a NUL character (\\0, \\x00); no name, path "
+                          "or value may hold one: remove it")
     return data, str(path), path.resolve().parent
+
+
+def _holds_nul(value: Any, at: str = "") -> str | None:
+    """The key (``trainer.data.path``, ``augment[2]``) of the first key or string in ``value``
+    that holds a NUL character, which no path or name can hold (Python refuses such a path with
+    a traceback), or None."""
+    if isinstance(value, str):
+        return at if "\0" in value else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            key = f"{at}.{k}" if at else str(k)
+            if "\0" in str(k):
+                return f"a key of {at}" if at else "a key"
+            found = _holds_nul(v, key)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _holds_nul(v, f"{at}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 class _DuplicateKey(Exception):

@@ -40,6 +40,12 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
     "a nested key given twice": ("budget:\n  n_trials: 3\n  n_trials: 4\n",
                                  "key 'n_trials' is given twice (lines 3 and 4)"),
     "model not a string": ("trainer: {model: 5}\n", "trainer.model must be a string"),
+    # YAML's "\0" escape: Python refuses a path holding one with a traceback
+    "a run folder holding a NUL": ('run_dir: "runs\\0x"\n', "run_dir holds a NUL character"),
+    "a data path holding a NUL": ('trainer: {data: {kind: imagefolder, path: "/d\\0"}}\n',
+                                  "trainer.data.path holds a NUL character (\\0, \\x00); no "
+                                  "name, path or value may hold one: remove it"),
+    "a key holding a NUL": ('"budget\\0": 3\n', "a key holds a NUL character"),
     "model that cannot take the images": (
         "trainer: {model: alexnet}\n", "alexnet cannot take 32-px images (Given input size"),
     "ViT evaluated at another size than it trains at": (
