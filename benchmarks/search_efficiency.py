@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import errno
 import io
 import json
 import math
@@ -251,12 +252,14 @@ def _pool(jobs: int | None) -> Iterator[ProcessPoolExecutor]:
     pool = ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1,
                                mp_context=multiprocessing.get_context("spawn"),
                                initializer=_quiet_on_interrupt)
+    interrupted = False
     try:
         yield pool
     except KeyboardInterrupt:
-        pool.shutdown(wait=False, cancel_futures=True)
+        interrupted = True
         raise
-    pool.shutdown(wait=True)
+    finally:   # any other error waits for the running studies, as the executor's own exit does
+        pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
 
 
 def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ...], str,
@@ -677,7 +680,8 @@ def main(argv: list[str] | None = None) -> None:
         refused = path_refused(e)
         if refused is None:
             raise
-        parser.exit(2, f"search_efficiency.py {args.command}: error: {refused}\n")
+        parser.exit(2 if e.errno == errno.ENAMETOOLONG else 1,    # as autotune's CLI
+                    f"search_efficiency.py {args.command}: error: {refused}\n")
     except KeyboardInterrupt:
         # compare, breakdown and paper print a method's figures once all its studies are done;
         # record keeps the configurations it recorded in its .partial file
