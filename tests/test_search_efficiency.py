@@ -338,8 +338,13 @@ def test_an_interrupted_compare_says_so_in_one_line_and_leaves_no_worker(tmp_pat
         workers: list[psutil.Process] = []
         deadline = time.monotonic() + 60
         while len(workers) < 2 and time.monotonic() < deadline:
-            workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                       if "multiprocessing" in " ".join(c.cmdline())]
+            workers = []
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:                             # a child may end while it is looked at
+                    if "spawn_main" in " ".join(child.cmdline()):
+                        workers.append(child)
+                except psutil.Error:
+                    pass
             time.sleep(0.2)
         assert len(workers) >= 2, "compare's worker processes never started"
         time.sleep(3)                            # they import and take their first studies
