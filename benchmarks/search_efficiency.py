@@ -62,10 +62,10 @@ import signal
 import statistics
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -93,6 +93,8 @@ YAHPO_DATA = EXTERNAL / "yahpo-lcbench"
 TARGET = 0.97
 WORLD = 2
 BUDGET_S = 300.0            # the live check's seconds per study
+_J = TypeVar("_J")
+_R = TypeVar("_R")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore")
 
@@ -242,24 +244,47 @@ def _quiet_on_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+class _Pool:
+    """A process per core, replaying studies; interrupted, it ends at once and quietly."""
+
+    def __init__(self, jobs: int | None) -> None:
+        # Worker processes started fresh (spawn), not forked: a fork copies the caller's
+        # threads' locks held mid-operation (a test runner's, a tracking client's) and its
+        # child can wait on them forever; and a worker that dies breaks the pool at once
+        # instead of hanging it.
+        self._executor = ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1,
+                                             mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_quiet_on_interrupt)
+
+    def map(self, fn: Callable[[_J], _R], jobs: Iterable[_J]) -> list[_R]:
+        """``fn`` of every job, in order. Unlike the executor's own ``map``, an interrupt
+        cancels nothing here: a future cancelled while the executor marks it failed (its
+        workers ended by the same Ctrl-C) makes the executor's thread print a traceback
+        (Python 3.11); ``stop`` ends the studies instead."""
+        futures = [self._executor.submit(fn, job) for job in jobs]
+        return [f.result() for f in futures]
+
+    def stop(self) -> None:
+        """End the workers now: the executor then marks every study not done as failed, and
+        its thread ends."""
+        for child in multiprocessing.active_children():
+            child.terminate()
+        self._executor.shutdown(wait=True)
+
+
 @contextlib.contextmanager
-def _pool(jobs: int | None) -> Iterator[ProcessPoolExecutor]:
-    """Worker processes started fresh (spawn), not forked: a fork copies the caller's threads'
-    locks held mid-operation (a test runner's, a tracking client's) and its child can wait on
-    them forever; and a worker that dies breaks the pool at once instead of hanging it.
-    Interrupted, the pool drops the studies not yet started instead of replaying them all
-    before the interrupt reaches the user."""
-    pool = ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1,
-                               mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_quiet_on_interrupt)
-    interrupted = False
+def _pool(jobs: int | None) -> Iterator[_Pool]:
+    """Interrupted, the pool drops the studies not yet done instead of replaying them all
+    before the interrupt reaches the user; any other error waits for the running studies, as
+    the executor's own exit does."""
+    pool = _Pool(jobs)
     try:
         yield pool
     except KeyboardInterrupt:
-        interrupted = True
+        pool.stop()
         raise
-    finally:   # any other error waits for the running studies, as the executor's own exit does
-        pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
+    finally:
+        pool._executor.shutdown(wait=True)
 
 
 def _replay_outcome(job: tuple[str, float | None, str, int, int, tuple[float, ...], str,
@@ -313,9 +338,9 @@ def compare(seeds: int, spec: str = str(DATA), target: float | None = None,
     divisor, label, key = table.scale
     with _pool(jobs) as pool:
         for method in methods:
-            outs = list(pool.map(_replay_outcome, [(spec, target, method, seed, workers,
-                                                    goals, metric, num_classes, mode)
-                                                   for seed in range(seeds)]))
+            outs = pool.map(_replay_outcome, [(spec, target, method, seed, workers, goals,
+                                               metric, num_classes, mode)
+                                              for seed in range(seeds)])
             # a study that never found the goal has no compute to it: infinite, so a method
             # that misses in half its studies has no finite median (not its cap's compute)
             spent_by[method] = [o.to_goal[goals[0]] if o.found[goals[0]] else math.inf
@@ -482,7 +507,7 @@ def paper(instances: list[str], seeds: int, jobs: int) -> None:
         for instance in instances:
             published = PAPER_REGRET.get(instance, {})
             for method in ("random", "hyperband", "tpe_median"):
-                runs = list(pool.map(_paper_run, [(instance, method, s) for s in range(seeds)]))
+                runs = pool.map(_paper_run, [(instance, method, s) for s in range(seeds)])
                 full = [r[0] for r in runs]
                 seen = [r[1] for r in runs]
                 paper_value = published.get(method)
