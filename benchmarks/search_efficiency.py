@@ -64,6 +64,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -257,12 +258,20 @@ class _Pool:
                                              initializer=_quiet_on_interrupt)
 
     def map(self, fn: Callable[[_J], _R], jobs: Iterable[_J]) -> list[_R]:
-        """``fn`` of every job, in order. Unlike the executor's own ``map``, an interrupt
-        cancels nothing here: a future cancelled while the executor marks it failed (its
-        workers ended by the same Ctrl-C) makes the executor's thread print a traceback
-        (Python 3.11); ``stop`` ends the studies instead."""
+        """``fn`` of every job, in order. Unlike the executor's own ``map``, an interrupt or
+        a broken pool cancels nothing here: a future cancelled while the executor marks it
+        failed (its workers ended by the same Ctrl-C) makes the executor's thread print a
+        traceback (Python 3.11); ``stop`` ends the studies instead. A study's own error
+        cancels the studies not started, so the error is not held back until they ran."""
         futures = [self._executor.submit(fn, job) for job in jobs]
-        return [f.result() for f in futures]
+        try:
+            return [f.result() for f in futures]
+        except (KeyboardInterrupt, BrokenProcessPool):
+            raise       # the executor fails every study left itself (after ``stop``)
+        except BaseException:
+            for f in futures:      # a study's own error: the rest are not waited for
+                f.cancel()
+            raise
 
     def stop(self) -> None:
         """End the workers now: the executor then marks every study not done as failed, and

@@ -395,3 +395,15 @@ def test_the_fine_tuning_table_writer_leaves_nothing_half_written(tmp_path):
         assert "Traceback" not in done.stderr and said in lines[-1], done.stderr
         assert code == 2 or len(lines) == 1
         assert list(tmp_path.iterdir()) == []
+
+
+def test_a_studys_own_error_ends_the_pool_without_running_the_studies_left():
+    # 1 job that fails and 60 that take a second each on 2 processes: 30 s if the rest were
+    # run before the error came back; the error comes back as itself
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="non-negative"):
+        with se._pool(2) as pool:
+            pool.map(time.sleep, [-1.0] + [1.0] * 60)
+    assert time.monotonic() - started < 20
