@@ -90,7 +90,9 @@ DATA = ROOT / "benchmarks" / "data" / "quickstart_curves.jsonl"
 # External data is read where it lies, never copied into the repository.
 EXTERNAL = Path(os.environ.get("AUTOTUNE_EXTERNAL_DATA",
                                ROOT.parent / "shared" / "external")).expanduser()
-YAHPO_DATA = EXTERNAL / "yahpo-lcbench"
+# The surrogate's folder: --yahpo-data, which the pool's workers (spawned, so they import this
+# module afresh) read back from the environment.
+YAHPO_DATA = Path(os.environ.get("AUTOTUNE_YAHPO_DATA") or EXTERNAL / "yahpo-lcbench")
 TARGET = 0.97
 WORLD = 2
 BUDGET_S = 300.0            # the live check's seconds per study
@@ -646,14 +648,17 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--out", type=Path, default=None,
                      help=f"the table to write (default: {DATA.relative_to(ROOT)})")
     table_help = ("the table: opda:PATH (an opda-format JSON-lines file), "
-                  "yahpo-lcbench:INSTANCE (the surrogate under $AUTOTUNE_EXTERNAL_DATA/"
-                  "yahpo-lcbench), or the path of a table `record` wrote (default: "
-                  f"{DATA.relative_to(ROOT)})")
+                  "yahpo-lcbench:INSTANCE (the surrogate in --yahpo-data), or the path of a "
+                  f"table `record` wrote (default: {DATA.relative_to(ROOT)})")
+    yahpo_help = ("the YAHPO Gym data folder holding lcbench/ and global_statistics/ "
+                  "(default: $AUTOTUNE_EXTERNAL_DATA/yahpo-lcbench, else "
+                  "../shared/external/yahpo-lcbench beside the repository)")
     cmp = sub.add_parser("compare", help="replay studies of each method on a table")
     cmp.add_argument("--seeds", type=int, default=200, help="studies per method")
     cmp.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                      help="processes replaying studies (default: one a CPU core)")
     cmp.add_argument("--table", default=str(DATA), help=table_help)
+    cmp.add_argument("--yahpo-data", type=Path, default=None, help=yahpo_help)
     cmp.add_argument("--target", type=float, default=None,
                      help="the accuracy to reach (0-1), or with --mode min the value of a "
                           "falling metric to get down to (default: the value the best 2%% "
@@ -679,6 +684,7 @@ def main(argv: list[str] | None = None) -> None:
     bd.add_argument("--seeds", type=int, default=20)
     bd.add_argument("--proposals", choices=("autotune", "random"), default="autotune")
     bd.add_argument("--table", default=str(DATA), help=table_help)
+    bd.add_argument("--yahpo-data", type=Path, default=None, help=yahpo_help)
     bd.add_argument("--target", type=float, default=None)
     bd.add_argument("--metric", default="top1", help=metric_help)
     bd.add_argument("--mode", choices=("max", "min"), default="max", help=mode_help)
@@ -686,6 +692,7 @@ def main(argv: list[str] | None = None) -> None:
     pp = sub.add_parser("paper", help="the YAHPO Gym paper's own protocol (best validation "
                                       "accuracy within 6,544 epochs): the harness's check")
     pp.add_argument("--instances", default="167168,189873,189906")
+    pp.add_argument("--yahpo-data", type=Path, default=None, help=yahpo_help)
     pp.add_argument("--seeds", type=int, default=30)
     pp.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     lv = sub.add_parser("live", help="the reality check: real studies, autotune against TPE + "
@@ -696,6 +703,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="the table recorded on this machine (its goal, and the replay's "
                          "prediction)")
     args = parser.parse_args(argv)
+    if getattr(args, "yahpo_data", None) is not None:
+        global YAHPO_DATA
+        YAHPO_DATA = args.yahpo_data.expanduser().absolute()
+        os.environ["AUTOTUNE_YAHPO_DATA"] = str(YAHPO_DATA)
+    if (args.command == "paper" or str(getattr(args, "table", "")).startswith("yahpo-lcbench:")) \
+            and not (YAHPO_DATA / "lcbench" / "model.onnx").is_file():
+        raise SystemExit(f"no YAHPO LCBench surrogate in {YAHPO_DATA} (no lcbench/model.onnx "
+                         "there): give the folder that holds YAHPO Gym's lcbench/ and "
+                         "global_statistics/ with --yahpo-data DIR")
     for name in ("seeds", "n", "budget", "max_seconds", "jobs", "workers"):
         if getattr(args, name, 1) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got "

@@ -407,3 +407,35 @@ def test_a_studys_own_error_ends_the_pool_without_running_the_studies_left():
         with se._pool(2) as pool:
             pool.map(time.sleep, [-1.0] + [1.0] * 60)
     assert time.monotonic() - started < 20
+
+
+def test_the_yahpo_data_folder_is_an_argument_and_a_wrong_one_is_refused_in_one_line(tmp_path):
+    import subprocess
+
+    for command in (["compare", "--table", "yahpo-lcbench:167168"], ["paper"],
+                    ["breakdown", "--table", "yahpo-lcbench:167168"]):
+        done = subprocess.run([sys.executable, str(_PATH), *command, "--seeds", "1",
+                               "--yahpo-data", str(tmp_path)], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, done.stderr
+        assert str(tmp_path) in lines[0] and "--yahpo-data" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_yahpo_data_folder_given_reaches_the_pools_workers(tmp_path):
+    # the pool's workers are spawned afresh: they must see the folder given, not the default
+    import os
+    import subprocess
+
+    surrogate = Path(os.environ.get("AUTOTUNE_EXTERNAL_DATA", _PATH.parents[2] / "shared" /
+                                    "external")) / "yahpo-lcbench"
+    if not (surrogate / "lcbench" / "model.onnx").is_file():
+        pytest.skip("the YAHPO LCBench surrogate is not beside the repository")
+    done = subprocess.run([sys.executable, str(_PATH), "compare", "--table",
+                           "yahpo-lcbench:167168", "--seeds", "2", "--jobs", "2", "--methods",
+                           "random", "--yahpo-data", str(surrogate)], capture_output=True,
+                          text=True, timeout=900, cwd=tmp_path,
+                          env=os.environ | {"AUTOTUNE_EXTERNAL_DATA": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1].startswith("autotune_median_h=")
