@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,7 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
         partial.unlink(missing_ok=True)
         raise ConfigError(f"cannot write --out {out}: {e.strerror or e}; give a file in a "
                           "folder you can write to") from None
-    at = (f" --target {target['value']} --metric {target.get('metric', 'top1')}"
+    at = (f" --target {target['value']} --metric {shlex.quote(str(target.get('metric', 'top1')))}"
           if isinstance(target, dict) and "value" in target else "")
     echo(f"wrote {len(rows)} trial curve(s) of study {study_name!r} to {out}"
          + (f"; left out: {_counts(left)} (stopped early, or no evaluation; --all writes "
@@ -151,7 +152,7 @@ def export_curves(study_name: str, storage: str, out: Path | None, every: bool =
     if falls(target):
         at += " --mode min"
     echo("replay them, from autotune's source tree: python benchmarks/search_efficiency.py "
-         f"compare --table opda:{out.resolve()}{at}")
+         f"compare --table {shlex.quote(f'opda:{out.resolve()}')}{at}")
     return 0
 
 

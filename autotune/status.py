@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -103,8 +104,8 @@ def list_studies(storage: str, echo: Callable[[str], None] = print,
                    if one["best_trial"] is not None else ""))
         echo(line + (", stopped" if one["stopped"] is not None else ""))
     if lines:
-        echo("details: autotune status STUDY" + ("" if storage == DEFAULT_STORAGE
-                                                  else f" --storage {redact(storage)}"))
+        flag = "" if storage == DEFAULT_STORAGE else f" --storage {shlex.quote(redact(storage))}"
+        echo("details: autotune status STUDY" + flag)
     return 0
 
 

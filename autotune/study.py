@@ -6,6 +6,7 @@ records at its end, ``_console``; one trial, ``trial_runner``."""
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import threading
@@ -164,7 +165,7 @@ def _wait_for_remote_workers(cfg: StudyConfig, study: optuna.Study, registry: An
     direct = not is_server_url(cfg.storage)
     since = utcnow()
     echo(f"study {cfg.study_name!r} waits for workers: autotune worker --storage "
-         f"{redact(cfg.storage)} --study {cfg.study_name}")
+         f"{shlex.quote(redact(cfg.storage))} --study {cfg.study_name}")
     shown: set[int] = {t.number for t in finished(study)}
     results: list[TrialResult] = []     # of the trials finished since it started
     pause, guard, due = min(2.0, cfg.heartbeat_s / 4), StallGuard(), None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import ssl
 import subprocess
@@ -95,7 +96,8 @@ def _require_mlflow_store(store: Path, tracking_uri: str) -> None:
     if "studies" in tables:
         uris = sorted({str(c.get("tracking_uri")) for c in map(_json, kept)
                        if isinstance(c, dict) and c.get("tracking_uri")})
-        hint = (f"its studies' records are at {uris[0]}: autotune ui --tracking-uri {uris[0]}"
+        hint = (f"its studies' records are at {uris[0]}: autotune ui --tracking-uri "
+                f"{shlex.quote(uris[0])}"
                 if len(uris) == 1 else "give the study's tracking_uri (mlruns, the default)")
         raise ConfigError(f"--tracking-uri {tracking_uri} is a study database, not an MLflow "
                           f"store; {hint}")

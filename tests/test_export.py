@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import optuna
@@ -104,6 +105,12 @@ def test_an_exported_study_replays_under_every_tuner(tmp_path, capsys, monkeypat
     assert main(["export", "curves", "mine", "--storage", storage]) == 0   # to stdout
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 12 and json.loads(lines[0])["iteration"] == 0
+    spaced = tmp_path / "my curves" / "été.jsonl"      # the hint pastes into a shell as is
+    spaced.parent.mkdir()
+    assert main(["export", "curves", "mine", "--storage", storage, "--out", str(spaced)]) == 0
+    hint = capsys.readouterr().out.strip().splitlines()[-1]
+    words = shlex.split(hint.split(": ", 1)[1])
+    assert words[words.index("--table") + 1] == f"opda:{spaced}"
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -132,3 +139,18 @@ def test_export_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, case, e
     err = capsys.readouterr().err
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
     assert written() == before
+
+
+def test_a_command_autotune_prints_for_a_path_with_spaces_pastes_into_a_shell(tmp_path):
+    # `autotune status` (no study) ends with the command for one study's details; its
+    # --storage must come back whole from a shell however the folder is named
+    from autotune.status import list_studies
+
+    folder = tmp_path / "my studies" / "été"
+    folder.mkdir(parents=True)
+    storage = f"sqlite:///{folder / 'a.db'}"
+    optuna.create_study(study_name="s", storage=storage)
+    said: list[str] = []
+    assert list_studies(storage, echo=said.append) == 0
+    words = shlex.split(said[-1].split(": ", 1)[1])
+    assert words[words.index("--storage") + 1] == storage
