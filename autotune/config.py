@@ -199,6 +199,9 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
                               ".toml or .json")
     except _DuplicateKey as e:
         raise ConfigError(f"{path}: {e}") from None
+    except RecursionError:      # the parsers recurse once a level: thousands of [[[...]]]
+        raise ConfigError(f"{path}: nested too deeply to read; a study file's settings are "
+                          f"at most {_MAX_DEPTH} levels deep") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
         first = " ".join(str(e).split())
         tabs = ("; indent with spaces, not tabs" if isinstance(e, yaml.YAMLError)
@@ -208,12 +211,56 @@ def _read(source: str) -> tuple[dict[str, Any], str, Path]:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the study file must be a mapping of keys to values")
+    shape = _shape_problem(data)
+    if shape is not None:
+        raise ConfigError(f"{path}: {shape}")
     data = {str(k): v for k, v in data.items()}
     where = _holds_nul(data)
     if where is not None:
         raise ConfigError(f"{path}: {where} holds a NUL character (\\0, \\x00); no name, path "
                           "or value may hold one: remove it")
     return data, str(path), path.resolve().parent
+
+
+_MAX_DEPTH = 32          # levels of mappings and lists in a study file
+_MAX_VALUES = 100_000    # keys and values once YAML's aliases are expanded
+
+
+def _shape_problem(data: Any) -> str | None:
+    """What makes ``data`` no study file, whatever its keys say, or None: a mapping or list
+    that holds itself (a YAML alias to a node it sits in: ``t: &t {self: *t}``), nesting past
+    ``_MAX_DEPTH`` levels, or more than ``_MAX_VALUES`` values once YAML's aliases are expanded
+    (nine lists of nine aliases of the list before, nine deep, are 9 ** 9 values: each later
+    step would take hours). Iterative, so no input can exhaust the interpreter's stack."""
+    count = 0
+    on_path: set[int] = set()
+    stack: list[tuple[Any, str, bool]] = [(data, "", False)]
+    while stack:
+        value, at, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(value))
+            continue
+        count += 1
+        if count > _MAX_VALUES:
+            return (f"holds more than {_MAX_VALUES:,} values once its YAML aliases (*name) "
+                    "are expanded; a study file is a few dozen settings: write them out "
+                    "without aliases")
+        if not isinstance(value, dict | list):
+            continue
+        if id(value) in on_path:
+            return (f"{at or 'the file'} holds itself (a YAML alias to a mapping or list it "
+                    "sits in); write the values out instead")
+        if at.count(".") + at.count("[") >= _MAX_DEPTH:
+            return (f"{at} is nested more than {_MAX_DEPTH} levels deep; a study file's "
+                    "settings are a few levels deep")
+        on_path.add(id(value))
+        stack.append((value, at, True))
+        items = (value.items() if isinstance(value, dict) else enumerate(value))
+        for k, v in items:
+            key = (f"{at}[{k}]" if isinstance(value, list) else
+                   f"{at}.{k}" if at else str(k))
+            stack.append((v, key, False))
+    return None
 
 
 def _holds_nul(value: Any, at: str = "") -> str | None:

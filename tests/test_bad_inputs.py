@@ -46,6 +46,17 @@ STUDY_FILES: dict[str, tuple[str, str]] = {
                                   "trainer.data.path holds a NUL character (\\0, \\x00); no "
                                   "name, path or value may hold one: remove it"),
     "a key holding a NUL": ('"budget\\0": 3\n', "a key holds a NUL character"),
+    # aliases nine deep of nine each (9 ** 9 values): every later step took hours
+    "YAML aliases that expand past any study file": (
+        "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)),
+        "holds more than 100,000 values once its YAML aliases (*name) are expanded"),
+    "a mapping that holds itself": ("trainer: &t {model: resnet18, self: *t}\n",
+                                    "trainer.self holds itself (a YAML alias to a mapping"),
+    "nesting deeper than the parser reads": ("x: " + "[" * 3000 + "]" * 3000 + "\n",
+                                             "nested too deeply to read"),
+    "nesting deeper than settings go": ("x: " + "[" * 40 + "]" * 40 + "\n",
+                                        "is nested more than 32 levels deep"),
     "model that cannot take the images": (
         "trainer: {model: alexnet}\n", "alexnet cannot take 32-px images (Given input size"),
     "ViT evaluated at another size than it trains at": (

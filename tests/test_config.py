@@ -96,6 +96,11 @@ BAD = {
         [], "Quickstart.yaml", "study file 'Quickstart.yaml' not found (did you mean the shipped "
         "study quickstart?)"),
     "toml syntax": (["s.toml", "x = [\n"], "s.toml", "not valid TOML"),
+    "toml nested past what its parser reads": (["s.toml", "x = " + "[" * 3000 + "]" * 3000],
+                                                "s.toml", "nested too deeply to read"),
+    "json nested past what its parser reads": (
+        ["s.json", '{"x": ' + "[" * 3000 + "]" * 3000 + "}"], "s.json",
+        "nested too deeply to read"),
     "unknown key": (["s.yaml", "study_name: x\nfoo: 1\n"], "s.yaml", "unknown key(s) foo"),
     "unknown nested key": (["s.yaml", "budget: {n_trials: 2, trials: 3}\n"], "s.yaml",
                            "unknown key(s) budget.trials (did you mean budget.n_trials?); "
