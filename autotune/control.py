@@ -20,6 +20,7 @@ over the same gRPC port); calls that fail while the server is away are kept and 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -62,12 +63,26 @@ def add_control_service(server: Any, registry: Registry) -> None:
     import grpc
 
     def call(request: bytes, context: Any) -> bytes:
-        message = json.loads(request)
-        name = message.get("method")
-        if name not in _CALLS:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no control call {name!r}")
         try:
-            result = getattr(registry, name)(**message.get("args", {}))
+            message = json.loads(request)
+        except (ValueError, RecursionError):
+            message = None
+        args = message.get("args", {}) if isinstance(message, dict) else None
+        if not isinstance(message, dict) or not isinstance(args, dict):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          'a control call is a JSON object {"method": NAME, "args": {...}}')
+            return b""      # (abort raised)
+        name = message.get("method")
+        if not isinstance(name, str) or name not in _CALLS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no control call {name!r}"[:300])
+            return b""
+        method = getattr(registry, name)
+        try:
+            inspect.signature(method).bind(**args)
+        except TypeError as e:     # a client not autotune's: told, not retried as an outage
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"control call {name}: {e}"[:300])
+        try:
+            result = method(**args)
         except Exception as e:  # noqa: BLE001 - the database is away: the worker retries
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(e).__name__}: {e}"[:300])
         return json.dumps(result).encode()

@@ -102,9 +102,28 @@ def test_without_the_secret_every_call_is_refused_and_with_it_everything_works(
             assert control.workers(study="guarded") == []
         finally:
             control.close()
+        # A client carrying the secret but not autotune's: a malformed control call is told
+        # it is malformed (not an outage to retry), and the server goes on serving.
+        metadata = [("authorization", f"Bearer {SECRET}")]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/autotune.Control/Call")
+            for payload, says in ((b"not json", "a control call is a JSON object"),
+                                  (b"[1, 2]", "a control call is a JSON object"),
+                                  (b"[" * 100_000 + b"]" * 100_000, "a control call is a JSON"),
+                                  (b'{"method": "workers", "args": [1]}', "a JSON object"),
+                                  (b'{"method": "exec", "args": {}}', "no control call 'exec'"),
+                                  (b'{"method": "workers", "args": {"study": "x", "rm": 1}}',
+                                   "control call workers: got an unexpected keyword")):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(payload, timeout=10, metadata=metadata)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, payload[:40]
+                assert says in refused.value.details(), refused.value.details()
+            assert call(b'{"method": "workers", "args": {"study": "guarded"}}', timeout=10,
+                        metadata=metadata) == b"[]"
     finally:
         err = _stop(server)
     assert SECRET not in err
+    assert "Traceback" not in err, err[-2000:]
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:
