@@ -22,7 +22,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-__all__ = ["Embedded", "distance", "draw", "farthest", "nearby_cost", "unit"]
+__all__ = ["Embedded", "distance", "draw", "draw_near", "farthest", "nearby_cost", "unit"]
 
 
 def unit(dist: BaseDistribution, value: Any) -> float | None:
@@ -98,11 +98,11 @@ def draw(dist: BaseDistribution, rng: random.Random) -> Any:
         return dist.choices[rng.randrange(len(dist.choices))]
     if not isinstance(dist, FloatDistribution | IntDistribution):
         raise TypeError(f"cannot draw from {type(dist).__name__}")
-    u = rng.random()
-    if dist.log:
-        value = math.exp(math.log(dist.low) + u * (math.log(dist.high) - math.log(dist.low)))
-    else:
-        value = dist.low + u * (dist.high - dist.low)
+    return _on_grid(dist, _at(dist, rng.random()))
+
+
+def _on_grid(dist: FloatDistribution | IntDistribution, value: float) -> Any:
+    """``value`` rounded to ``dist``'s step grid and kept within its range."""
     step = dist.step
     if isinstance(dist, IntDistribution):
         step = step or 1
@@ -110,6 +110,32 @@ def draw(dist: BaseDistribution, rng: random.Random) -> Any:
         value = dist.low + round((value - dist.low) / step) * step
     value = min(max(value, dist.low), dist.high)
     return int(round(value)) if isinstance(dist, IntDistribution) else float(value)
+
+
+def _at(dist: FloatDistribution | IntDistribution, u: float) -> float:
+    """The value at ``u`` (0 to 1) of ``dist``'s (log) range: ``unit``'s inverse."""
+    if dist.log:
+        return math.exp(math.log(dist.low) + u * (math.log(dist.high) - math.log(dist.low)))
+    return dist.low + u * (dist.high - dist.low)
+
+
+def draw_near(dist: BaseDistribution, center: Any, half_width: float,
+              rng: random.Random) -> Any:
+    """One value of ``dist`` drawn uniformly within ``half_width`` of ``center`` in the unit
+    cube (the box clipped to the range), then rounded as ``draw`` rounds; a categorical
+    parameter keeps ``center``'s choice (every choice from a half-width of 0.5 up, where the
+    box spans the whole range)."""
+    if isinstance(dist, CategoricalDistribution):
+        if half_width >= 0.5 or center not in dist.choices:
+            return draw(dist, rng)
+        return center
+    if not isinstance(dist, FloatDistribution | IntDistribution):
+        raise TypeError(f"cannot draw from {type(dist).__name__}")
+    u0 = unit(dist, center)
+    if u0 is None:
+        return draw(dist, rng)
+    low, high = max(0.0, u0 - half_width), min(1.0, u0 + half_width)
+    return _on_grid(dist, _at(dist, low + rng.random() * (high - low)))
 
 
 def nearby_cost(distances: Sequence[float], costs: Sequence[float | None],
@@ -133,13 +159,19 @@ def _nearby_cost(distances: np.ndarray, costs: np.ndarray, neighbours: int) -> f
 
 def farthest(space: Mapping[str, BaseDistribution], tried: Iterable[Mapping[str, Any]],
              rng: random.Random, candidates: int, costs: Sequence[float | None] | None = None,
-             cost_weight: float = 0.0, neighbours: int = 3) -> dict[str, Any]:
+             cost_weight: float = 0.0, neighbours: int = 3,
+             center: Mapping[str, Any] | None = None, half_width: float = 0.5
+             ) -> dict[str, Any]:
     """Of ``candidates`` uniform draws from ``space``, the one whose nearest tried point is the
     farthest away (the first draw when nothing was tried).
 
     With ``costs`` (one per tried point, None where unknown) and ``cost_weight`` w > 0, a draw's
     gap is divided by ``nearby_cost`` ** w: of two draws equally far from what was tried, the
     one among cheaper configurations wins, so a study spends its trials where they are short.
+
+    With ``center``, the draws come from the box of ``half_width`` around it (``draw_near``;
+    a parameter ``center`` lacks is drawn from its whole range), distances still in the whole
+    space's unit cube: the least explored point near a configuration.
     """
     points = list(tried)
     if costs is not None and len(costs) != len(points):
@@ -152,7 +184,9 @@ def farthest(space: Mapping[str, BaseDistribution], tried: Iterable[Mapping[str,
     best: dict[str, Any] = {}
     best_score = -1.0
     for _ in range(max(candidates, 1)):
-        point = {name: draw(dist, rng) for name, dist in space.items()}
+        point = {name: draw(dist, rng) if center is None or name not in center
+                 else draw_near(dist, center[name], half_width, rng)
+                 for name, dist in space.items()}
         gaps = embedded.distances(point)
         score = float(gaps.min()) if points else math.inf
         if known is not None:

@@ -13,7 +13,12 @@ duration (elapsed seconds over the share of its schedule done), pruned or not, a
 never exceed it: of two equally unexplored regions, the study first tries the one whose
 neighbours are quick. TPE as Optuna 5 sets it up (multivariate, constant liar, 8 start-up
 trials), with its constraints so censored and failed trials count, proposes the rest, which
-keeps some refinement near the best configurations for long studies.
+keeps some refinement near the best configurations for long studies. Once a trial has reached
+the target, one spread point in each ``tpe_every`` after the start is local: its candidates
+are drawn within ``LOCAL_HALF_WIDTH`` (0.4) of the fastest configuration so far in the unit
+cube, its categorical choices kept, so the study also tries the least explored
+configurations near its best (TuRBO's initial trust region, a box of side 0.8: Eriksson et
+al., NeurIPS 2019), which TPE, refining where it has already been, rarely proposes.
 
 How it was chosen (``benchmarks/search_efficiency.py``; BENCHMARKS.md has the figures): spread
 points beat a scrambled Sobol start (in the replay a Sobol point often lands on a configuration
@@ -26,7 +31,10 @@ weigh (8, 16, 32, 64; plain spread points gain nothing from 16); without the fai
 they pull toward large batches, which diverge on the slower machine's table. TPE after the
 start leaves the medians as they are (a median study finds the goal within its first 32
 trials) and adds to the means in the replay, where refining a good configuration returns its
-recorded curve again; in a real study it tunes near the best.
+recorded curve again; in a real study it tunes near the best. Local spread points cut the
+replayed ConvNeXt studies' compute and misses at top-1 0.70 and LCBench 167168's misses, the
+other tables within their seed-to-seed spread; put in TPE's place instead, they cost LCBench
+the refinement that finds its goals (BENCHMARKS.md).
 
 Once three trials that trained to the end (reached the target, or trained their whole
 schedule) have measured their gradient noise scale (the trainer's ``noise_scale``,
@@ -61,8 +69,8 @@ from optuna.trial import FrozenTrial, TrialState
 from . import record
 from ._spread import farthest
 
-__all__ = ["BATCH_FACTOR", "ExploringTPESampler", "SpreadSampler", "batch_cap",
-           "planned_seconds", "within_cap"]
+__all__ = ["BATCH_FACTOR", "LOCAL_HALF_WIDTH", "ExploringTPESampler", "SpreadSampler",
+           "batch_cap", "incumbent", "planned_seconds", "within_cap"]
 
 _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 
@@ -72,6 +80,9 @@ _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 # (the noise scale grows as training goes on).
 BATCH_FACTOR = 8.0
 NOISE_TRIALS = 3    # trials that measured a noise scale before the cap applies
+# Local spread points: a box of side 0.8 of the unit cube around the fastest configuration,
+# TuRBO's initial trust region (Eriksson et al., NeurIPS 2019: L_init = 0.8).
+LOCAL_HALF_WIDTH = 0.4
 
 
 def batch_cap(trials: Sequence[FrozenTrial]) -> float | None:
@@ -214,7 +225,11 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         return costs
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+                        search_space: dict[str, BaseDistribution],
+                        center: dict[str, Any] | None = None,
+                        half_width: float = 0.5) -> dict[str, Any]:
+        """The spread point; with ``center``, drawn within ``half_width`` of it in the unit
+        cube (``_spread.farthest``)."""
         if not search_space:
             return {}
         tried = [t for t in _own_trials(study.get_trials(deepcopy=False, states=_TRIED))
@@ -222,7 +237,8 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         costs = self._costs(tried) if self.cost_weight > 0 else None
         allowed = capped(search_space, batch_cap(tried))
         return farthest(allowed, [t.params for t in tried], self._rng, self.candidates,
-                        costs=costs, cost_weight=self.cost_weight, neighbours=self.neighbours)
+                        costs=costs, cost_weight=self.cost_weight, neighbours=self.neighbours,
+                        center=center, half_width=half_width)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -236,18 +252,36 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         self._random.reseed_rng()
 
 
+def incumbent(trials: Sequence[FrozenTrial]) -> dict[str, Any] | None:
+    """The parameters of the trial with the best (least) time-to-accuracy among ``trials`` that
+    reached the target, or None while none has."""
+    reached = [t for t in trials if t.state == TrialState.COMPLETE and t.values
+               and t.user_attrs.get(record.OUTCOME) == "reached"]
+    return dict(min(reached, key=lambda t: (t.values[0], t.number)).params) if reached else None
+
+
 class ExploringTPESampler(optuna.samplers.BaseSampler):
     """Spread points (``SpreadSampler``) for the first ``n_startup_trials`` trials and then for
-    all but every ``tpe_every``-th trial (0: never TPE); TPE for those."""
+    all but every ``tpe_every``-th trial (0: never TPE), which TPE proposes. Once a trial has
+    reached the target, the second trial of each ``tpe_every`` after the start (where
+    ``tpe_every`` is 3 or more) is a local spread point: the least explored of the spread
+    sampler's candidates drawn within ``local_half_width`` of the fastest configuration so far
+    (in the unit cube, its categorical choices kept; None: no local points)."""
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 32,
                  tpe_every: int = 4, candidates: int = 64, cost_weight: float = 0.5,
-                 failed_cost: float = 4.0) -> None:
-        """``seed``: every draw's (a worker without one draws its own)."""
+                 failed_cost: float = 4.0, local_half_width: float | None = LOCAL_HALF_WIDTH
+                 ) -> None:
+        """``seed``: every draw's (a worker without one draws its own).
+        ``local_half_width`` None: spread points stay global after a first reach."""
         if tpe_every < 0:
             raise ValueError(f"tpe_every must be >= 0, got {tpe_every}")
         if n_startup_trials < 0:
             raise ValueError(f"n_startup_trials must be >= 0, got {n_startup_trials}")
+        if local_half_width is not None and not 0 < local_half_width <= 1:
+            raise ValueError(f"local_half_width must be in (0, 1], got {local_half_width}")
+        self.local_half_width = local_half_width
+        self._centers: dict[int, dict[str, Any] | None] = {}
         self._tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
         self._spread = SpreadSampler(seed=None if seed is None else seed + 7919,
                                      candidates=candidates, cost_weight=cost_weight,
@@ -255,10 +289,24 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
         self.n_startup_trials = n_startup_trials
         self.tpe_every = tpe_every
 
+    def _center(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
+        """The local spread point's center for ``trial`` (None: a spread point over the whole
+        space), decided once a trial."""
+        if self.local_half_width is None:
+            return None
+        if trial.number not in self._centers:
+            tried = _own_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            self._centers[trial.number] = incumbent(tried)
+        return self._centers[trial.number]
+
     def _for(self, study: optuna.Study, trial: FrozenTrial) -> optuna.samplers.BaseSampler:
         k, n = self.tpe_every, trial.number
-        if n >= self.n_startup_trials and k and n % k == k - 1:
+        if n < self.n_startup_trials or not k:
+            return self._spread
+        if n % k == k - 1:
             return self._tpe
+        if k >= 3 and n % k == 1:
+            self._center(study, trial)      # a local spread point once a trial has reached
         return self._spread
 
     def infer_relative_search_space(self, study: optuna.Study,
@@ -268,6 +316,10 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         sampler = self._for(study, trial)
+        center = self._centers.get(trial.number)
+        if sampler is self._spread and center is not None:
+            return self._spread.sample_relative(study, trial, search_space, center=center,
+                                                half_width=self.local_half_width or 0.5)
         params = sampler.sample_relative(study, trial, search_space)
         if sampler is self._tpe and "global_batch" in params:   # spread points cap themselves
             cap = _study_cap(study, trial)

@@ -233,6 +233,8 @@ def test_bad_settings_are_refused():
         ExploringTPESampler(failed_cost=0.0)
     with pytest.raises(ValueError, match="neighbours"):
         SpreadSampler(neighbours=0)
+    with pytest.raises(ValueError, match="local_half_width"):
+        ExploringTPESampler(local_half_width=0.0)
 
 
 def _batch_study(noise_scales: list[float],
@@ -276,7 +278,8 @@ def test_tpes_proposals_are_held_to_the_noise_scale_cap_too():
     from autotune.samplers import within_cap
 
     # TPE proposes every trial here; its history's best trial sits at the largest batch
-    tpe_only = ExploringTPESampler(seed=5, n_startup_trials=0, tpe_every=1)
+    tpe_only = ExploringTPESampler(seed=5, n_startup_trials=0, tpe_every=1,
+                                   local_half_width=None)
     study = _batch_study([4.0, 6.0, 8.0], tpe_only)        # cap: 64 images
     study.add_trial(optuna.trial.create_trial(
         params={"global_batch": 512, "lr": 0.1}, value=0.1,
@@ -284,9 +287,18 @@ def test_tpes_proposals_are_held_to_the_noise_scale_cap_too():
                        "lr": FloatDistribution(0.01, 1.0, log=True)}))
     found = _batches(study, 16)
     assert max(found) <= 64 and 64 in found
-    free = _batches(_batch_study([4.0, 6.0], ExploringTPESampler(seed=5, n_startup_trials=0,
-                                                                  tpe_every=1)), 16)
+    free = _batches(_batch_study([4.0, 6.0], ExploringTPESampler(
+        seed=5, n_startup_trials=0, tpe_every=1, local_half_width=None)), 16)
     assert max(free) > 64
+    # points near the fastest configuration (batch 16 here) are held to the cap as well,
+    # even where that configuration's own batch lies above it
+    near = ExploringTPESampler(seed=5, n_startup_trials=0, tpe_every=4)
+    study = _batch_study([4.0, 6.0, 8.0], near)
+    study.add_trial(optuna.trial.create_trial(
+        params={"global_batch": 512, "lr": 0.1}, value=0.5, user_attrs={"outcome": "reached"},
+        distributions={"global_batch": CategoricalDistribution([16, 32, 64, 128, 256, 512]),
+                       "lr": FloatDistribution(0.01, 1.0, log=True)}))
+    assert max(_batches(study, 16)) <= 64
     # the rule itself, on each kind of distribution
     assert within_cap("global_batch", 300, IntDistribution(16, 1024, step=16), 100.0) == 96
     assert within_cap("global_batch", 300.0, FloatDistribution(16, 1024), 100.0) == 100.0
@@ -330,3 +342,67 @@ def test_trials_another_client_added_do_not_stop_the_spread():
         assert study.sampler.infer_relative_search_space(study, study.trials[0]) == SPACE
         firsts.append(dict(zip(("x", "lr"), _run(study, 1)[0], strict=True)))
     assert distance(SPACE, *firsts) > 0.1
+
+
+def test_a_draw_near_a_point_stays_in_its_box_on_the_grid_and_keeps_its_choice():
+    from autotune._spread import draw_near, unit
+
+    rng = random.Random(0)
+    lr, epochs = FloatDistribution(0.005, 50.0, log=True), IntDistribution(20, 100)
+    batch = CategoricalDistribution([128, 256, 512, 1024])
+    for _ in range(500):
+        v = draw_near(lr, 0.1, 0.2, rng)
+        assert abs(unit(lr, v) - unit(lr, 0.1)) <= 0.2 + 1e-9
+        e = draw_near(epochs, 95, 0.25, rng)       # the box clipped at the range's end
+        assert isinstance(e, int) and 75 <= e <= 100
+        assert draw_near(batch, 1024, 0.4, rng) == 1024
+    assert {draw_near(batch, 1024, 0.5, rng) for _ in range(200)} == {128, 256, 512, 1024}
+
+
+def test_after_a_first_reach_one_spread_point_in_four_is_drawn_near_the_fastest_one():
+    from optuna.trial import create_trial
+
+    from autotune import record
+    from autotune._spread import unit
+    from autotune.samplers import incumbent
+
+    dists = {"x": FloatDistribution(0.0, 1.0), "lr": FloatDistribution(0.01, 2.0, log=True),
+             "batch": CategoricalDistribution([64, 128, 256])}
+    rng = random.Random(3)
+
+    def finished(params: dict, tta: float | None) -> optuna.trial.FrozenTrial:
+        return create_trial(params=params, distributions=dists, value=tta or 1e6,
+                            user_attrs={record.OUTCOME: "reached" if tta else "censored"})
+
+    tried = [finished({"x": rng.random(), "lr": 0.01 * 200 ** rng.random(),
+                       "batch": rng.choice([64, 128, 256])}, None) for _ in range(6)]
+    assert incumbent(tried) is None
+    fastest = {"x": 0.8, "lr": 1.5, "batch": 256}
+    tried += [finished({"x": 0.2, "lr": 0.05, "batch": 64}, 30.0), finished(fastest, 20.0)]
+    assert incumbent(tried) == fastest
+    sampler = ExploringTPESampler(seed=0, n_startup_trials=8, tpe_every=4)
+    study = optuna.create_study(sampler=sampler)
+    for t in tried:
+        study.add_trial(t)
+    near = []
+    for number in range(8, 24):
+        trial = study.ask()
+        params = {"x": trial.suggest_float("x", 0.0, 1.0),
+                  "lr": trial.suggest_float("lr", 0.01, 2.0, log=True),
+                  "batch": trial.suggest_categorical("batch", [64, 128, 256])}
+        study.tell(trial, 1e6)
+        if number % 4 == 1:
+            near.append(params)
+    assert len(near) == 4
+    for p in near:
+        assert p["batch"] == 256
+        for name in ("x", "lr"):
+            assert abs(unit(dists[name], p[name]) - unit(dists[name], fastest[name])) <= 0.4
+    # TPE keeps its one in four; a sampler told not to draws no local points
+    assert sampler._for(study, SimpleNamespace(number=11)) is sampler._tpe
+    plain = ExploringTPESampler(seed=0, n_startup_trials=8, tpe_every=4, local_half_width=None)
+    study = optuna.create_study(sampler=plain)
+    for t in tried:
+        study.add_trial(t)
+    plain._for(study, SimpleNamespace(number=9))
+    assert plain._centers.get(9) is None and sampler._centers.get(9) == fastest
