@@ -78,7 +78,17 @@ def test_a_worker_waits_for_a_study_start_study_is_still_creating(tmp_path, monk
     cfg = StudyConfig.from_dict({"study_name": "half", "search_space": "quickstart"})
     space = load_space("quickstart", world_size=1)
 
+    said: list[str] = []
+    waiting = threading.Event()
+
+    def echo(line: str) -> None:
+        said.append(line)
+        waiting.set()
+
+    # The config comes a second after the worker said it waits (a fixed sleep from the start
+    # raced the worker's own first read on a loaded machine: the config was there by then).
     def finish_creating() -> None:
+        waiting.wait(timeout=30)
         time.sleep(1.0)
         bare.set_user_attr(record.STUDY_SPACE, space.to_dict())
         bare.set_user_attr(record.STUDY_CONFIG, cfg.public_dict())
@@ -86,8 +96,7 @@ def test_a_worker_waits_for_a_study_start_study_is_still_creating(tmp_path, monk
     writer = threading.Thread(target=finish_creating)
     writer.start()
     started = time.monotonic()
-    said: list[str] = []
-    _, joined_cfg, joined_space = worker._load(storage, "half", said.append)
+    _, joined_cfg, joined_space = worker._load(storage, "half", echo)
     writer.join()
     assert time.monotonic() - started >= 0.9
     assert joined_cfg.study_name == "half" and joined_space.to_dict() == space.to_dict()
