@@ -27,6 +27,7 @@ import contextlib
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,14 @@ def run(rng: random.Random, iteration: int) -> dict[str, Any]:
             "learning_curves": {"matched": matched, "mismatched": mismatched}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(draw: Callable[[random.Random, int], dict[str, Any]] = run,
+         doc: str | None = __doc__, what: str = "synthetic fine-tuning runs",
+         runs: int = 1024) -> None:
+    """Writes ``--runs`` runs that ``draw`` makes (one random stream, ``--seed``) to the file
+    given, whole or not at all."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the JSON-lines file to write")
-    parser.add_argument("--runs", type=int, default=1024, help="configurations (default 1024)")
+    parser.add_argument("--runs", type=int, default=runs, help=f"configurations (default {runs})")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.runs < 2:
@@ -105,7 +110,7 @@ def main() -> None:
     try:
         with partial.open("w") as f:
             for i in range(1, args.runs + 1):
-                f.write(json.dumps(run(rng, i)) + "\n")
+                f.write(json.dumps(draw(rng, i)) + "\n")
         partial.replace(args.out)
     except (KeyboardInterrupt, OSError) as e:   # nothing half-written is left behind
         with contextlib.suppress(OSError):
@@ -114,7 +119,7 @@ def main() -> None:
             f"cannot write it: {e.strerror or e}"
         parser.exit(130 if isinstance(e, KeyboardInterrupt) else 1,
                     f"{parser.prog}: {args.out} not written: {why}\n")
-    print(f"{args.out}: {args.runs} synthetic fine-tuning runs (seed {args.seed})")
+    print(f"{args.out}: {args.runs} {what} (seed {args.seed})")
 
 
 if __name__ == "__main__":

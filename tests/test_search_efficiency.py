@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import sys
@@ -313,6 +314,37 @@ def test_the_synthetic_fine_tuning_table_replays_in_opdas_fine_tuning_layout(tmp
         assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
     assert not (tmp_path.parent / f"{tmp_path.name}.partial").exists()
+
+
+def test_the_trailing_table_writes_long_schedules_that_trail_early_and_win(tmp_path):
+    """`benchmarks/trailing_table.py` writes runs in opda's image layout that the loader reads;
+    the same seed writes the same runs; a run whose LR per 256 images is far too high diverges
+    within its first epochs; the run with the best TTA trails, at its second evaluation, a
+    shorter schedule that was ahead earlier in time (the trait the table is for); and a study
+    replays on it."""
+    import subprocess
+
+    script = _PATH.parent / "trailing_table.py"
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for path in paths:
+        done = subprocess.run([sys.executable, str(script), str(path), "--runs", "150",
+                               "--seed", "1"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "150 synthetic image-classification runs (seed 1)" in done.stdout
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    rows = [json.loads(line) for line in paths[0].read_text().splitlines()]
+    assert len(rows) == 150 and {len(r["learning_curve"]) for r in rows} - {1, 2, 3, 4}
+    diverged = [r for r in rows if r["nan_train_loss"]]
+    assert diverged and all(len(r["learning_curve"]) <= 5 for r in diverged)
+    table = load_table(f"opda:{paths[0]}")          # target: what the best 2% reach
+    winner = min((r for r in table.runs if r.reached_at(table.target) is not None),
+                 key=lambda r: r.reached_at(table.target) or math.inf)
+    assert any(o.planned_epochs < winner.planned_epochs and len(o.times) > 1
+               and any(t <= winner.times[1] and v > winner.values[1]
+                       for t, v in zip(o.times, o.values, strict=True))
+               for o in table.runs)
+    outcome = Replay(table, "autotune", seed=0, max_trials=10, min_compute_factor=0.0).run()
+    assert outcome.trials == 10
 
 
 @pytest.mark.parametrize("who", ["terminal", "main process"])
