@@ -86,8 +86,10 @@ def test_a_stop_reaches_a_worker_on_another_terminal_which_finishes_its_trial(tm
 
 def test_stop_now_checkpoints_the_running_trial_and_start_study_resumes_it(tmp_path):
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    # The running trial's limit leaves room for `stop study --now` to start and be seen on a
+    # loaded machine (at 12 s the trial sometimes ended on its limit first, as max_seconds).
     study = autotune("start", "study", "quickstart", "--n-trials", "30",
-                     "--max-trial-seconds", "12", cwd=tmp_path)
+                     "--max-trial-seconds", "40", cwd=tmp_path)
     try:
         _wait_for_running(storage)
         stop = run_cli("stop", "study", "quickstart", "--storage", storage, "--now",
@@ -110,7 +112,7 @@ def test_stop_now_checkpoints_the_running_trial_and_start_study_resumes_it(tmp_p
     finished = len([t for t in trials if t.state.is_finished()
                     and t.user_attrs.get("stop_reason") != "interrupted"])
     resumed = run_cli("start", "study", "quickstart", "--n-trials", str(finished + 1),
-                      "--max-trial-seconds", "12", cwd=tmp_path, timeout=300)
+                      "--max-trial-seconds", "40", cwd=tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "was stopped by `autotune stop study`" in resumed.stdout
     assert "resuming it" in resumed.stdout
