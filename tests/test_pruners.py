@@ -294,6 +294,31 @@ def test_a_rung_loser_is_stopped_when_the_trials_ahead_of_it_project_sooner():
     assert decide(slow, fast_leaders, None, IMAGENET) == "rung"
 
 
+def test_a_long_schedule_behind_stopped_fast_starters_that_it_leads_at_equal_share_survives():
+    # Short fast starters (planned 2,000 s) lead at the 486 s rung; they were stopped there,
+    # and their curves project TTAs near 650 s, before a 10,000 s schedule at 0.15 projects
+    # one. Before any trial reached, it goes on: at 5% of their own schedules the starters
+    # stood at 0.10 - 0.12, below it, so their projections are no TTA it trails like for like.
+    running = [curve([(100.0 * k, 0.1 * k + 0.01 * i) for k in range(1, 7)],
+                     planned_s=2000.0) for i in range(3)]
+    stopped = [Curve(o.times, o.values, o.progress, running=False) for o in running]
+    long = curve([(100.0 * k, 0.03 * k) for k in range(1, 6)], planned_s=10000.0)
+    assert optimistic_tta(long, IMAGENET) > max(could_reach(o, IMAGENET) for o in stopped)
+    assert decide(long, stopped, None, IMAGENET) is None
+    # still running, their optimistic TTAs are theirs to show: it is a rung loser
+    assert decide(long, running, None, IMAGENET) == "rung"
+    # stopped starters that led it at 5% of their schedules too still count
+    ahead = [Curve(o.times, tuple(v + 0.05 for v in o.values), o.progress, running=False)
+             for o in running]
+    assert decide(long, ahead, None, IMAGENET) == "rung"
+    # once a trial has reached, the best TTA is the horizon: at 650 s it cannot win
+    assert decide(long, stopped, 650.0, IMAGENET) == "projection"
+    # reports without a share of schedule compare at equal time only, as before
+    unplanned = Curve(long.times, long.values)
+    assert decide(unplanned, [Curve(o.times, o.values, running=False) for o in running], None,
+                  IMAGENET) == "rung"
+
+
 def test_what_an_ended_trial_could_still_reach():
     points = ((100.0, 0.1), (200.0, 0.3), (300.0, 0.4))
     stopped = Curve(tuple(t for t, _ in points), tuple(v for _, v in points),

@@ -23,8 +23,12 @@ Each rule answers one question about a running trial and returns a stop reason o
 * ``rung``: at wall-clock rungs (``min_rung_s`` x eta^k seconds) it is in the bottom
   1 - 1/eta of the trials that got there, compared at equal elapsed time, as ASHA does
   asynchronously, unless its projection says it can still win (a long schedule that is behind
-  early and wins late survives). Before any trial has reached the target, "can still win" is
-  judged against the peers ahead of it at that rung that can still reach: running ones at
+  early and wins late survives). Before any trial has reached the target, an ended peer
+  ahead of it at the rung counts only if it was also ahead at the same share of its own
+  schedule (a long schedule still at a high LR is compared with where a stopped short one
+  stood as far into its own schedule, not at equal time alone; without shares in the
+  reports, at equal time), and "can still win" is judged against the peers ahead that can
+  still reach: running ones at
   their optimistic TTA, ended ones only where their curves project a TTA past their end. A
   trial that ended (stopped, diverged, or done with its schedule) never lends its stop time as
   a TTA. When none of the peers ahead of it can still reach, and some of them trained their
@@ -182,6 +186,31 @@ def _rung_leaders(curve: Curve, others: Sequence[Curve], rules: Rules) -> list[C
     return None
 
 
+def _ended_ones_ahead_at_equal_share(curve: Curve, leaders: Sequence[Curve]) -> list[Curve]:
+    """The rung leaders that count before any trial reached: running ones, and ended ones only
+    where they were also ahead of ``curve`` as far into their own schedules as it is now (their
+    value where their curve stood at ``curve``'s share of schedule done above ``curve``'s
+    latest value). An ended trial's projection past its stop is a TTA no trial will show; a
+    short schedule that started fast and was stopped lends it against a long one still at a
+    high LR, which trails at equal time by design, only if it led like for like. Without
+    shares in the reports (no schedule known) every leader stays."""
+    share = curve.progress[-1] if curve.progress else 0.0
+    if share <= 0.0:
+        return list(leaders)
+    mine = curve.values[-1]
+    kept = []
+    for other in leaders:
+        if other.running:
+            kept.append(other)          # its optimistic TTA is still to be shown
+            continue
+        if not other.progress or other.progress[-1] < share:
+            continue                    # it ended before it got that far into its schedule
+        there = interpolate(Curve(other.progress, other.values), share)
+        if there is not None and there > mine:
+            kept.append(other)
+    return kept
+
+
 def _warming_at_chance(curve: Curve, rules: Rules) -> bool:
     """Still at chance before ``diverge_after`` of its schedule: a warm-up that has shown
     nothing to judge yet."""
@@ -301,6 +330,12 @@ def decide(curve: Curve, others: Sequence[Curve], best_tta: float | None, rules:
     if projected > horizon and len(set(curve.times)) >= 2:
         return "projection"
     leaders = _rung_leaders(curve, others, rules)
+    if leaders is not None and deadline is None:
+        # Before any trial reached, an ended peer ahead at equal time counts only if it was
+        # ahead at an equal share of its own schedule too: a long schedule behind short fast
+        # starters that were stopped is not culled against their projections unless they
+        # led it like for like.
+        leaders = _ended_ones_ahead_at_equal_share(curve, leaders) or None
     if leaders is not None:
         # The trap: a long schedule is behind early and wins late. It survives while its
         # optimistic TTA beats the best TTA, or, before any trial reached the target, what
