@@ -45,13 +45,19 @@ def _no_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def _exploring_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+def _exploring_sampler(cfg: StudyConfig, seed: int | None) -> optuna.samplers.BaseSampler:
+    from .decisions import metric_slot
     from .samplers import ExploringTPESampler
 
-    return ExploringTPESampler(seed=seed)
+    # The spread points weigh a miss by how far it fell short of an accuracy target; a metric
+    # that falls, or one on another scale than 0 - 1, is weighed by planned durations alone.
+    value = cfg.target.value
+    accuracy = not cfg.target.falls and 0.0 < value < 1.0
+    return ExploringTPESampler(seed=seed, target=value if accuracy else None,
+                               metric=metric_slot(cfg.target.metric))
 
 
-def _tpe_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+def _tpe_sampler(cfg: StudyConfig, seed: int | None) -> optuna.samplers.BaseSampler:
     import optuna
 
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
@@ -62,7 +68,7 @@ class Mode:
     name: str
     about: str
     pruner: Callable[[StudyConfig], optuna.pruners.BasePruner]
-    sampler: Callable[[int | None], optuna.samplers.BaseSampler]
+    sampler: Callable[[StudyConfig, int | None], optuna.samplers.BaseSampler]
     tells_constraints: bool       # autotune's way of telling outcomes (decisions.tell)
 
 
@@ -89,4 +95,4 @@ def make_sampler(cfg: StudyConfig, seed: int | None) -> optuna.samplers.BaseSamp
     """The study's sampler. ``seed`` seeds this process's draws (a worker passes None and draws
     its own: its spread points keep away from every other worker's trials through the study
     store)."""
-    return mode_of(cfg).sampler(seed)
+    return mode_of(cfg).sampler(cfg, seed)

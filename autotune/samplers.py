@@ -11,7 +11,11 @@ nearest to it cost: their geometric mean planned duration, of the 3 nearest, one
 (diverged, out of memory) counted 4 x (``failed_cost``). Every trial's curve gives its planned
 duration (elapsed seconds over the share of its schedule done), pruned or not, and a TTA can
 never exceed it: of two equally unexplored regions, the study first tries the one whose
-neighbours are quick. TPE as Optuna 5 sets it up (multivariate, constant liar, 8 start-up
+neighbours are quick. Given the study's accuracy target, a trial that ended without reaching
+it counts the longer of its planned duration and the time its curve would need to reach the
+target at its average pace (``pace_need``), at most 4 x its planned duration: a short schedule
+that ran out far below the target is no cheap neighbour, a narrow miss counts about its own
+length. TPE as Optuna 5 sets it up (multivariate, constant liar, 8 start-up
 trials), with its constraints so censored and failed trials count, proposes the rest, which
 keeps some refinement near the best configurations for long studies. Once a trial has reached
 the target, one spread point in each ``tpe_every`` after the start is local: its candidates
@@ -70,7 +74,7 @@ from . import record
 from ._spread import farthest
 
 __all__ = ["BATCH_FACTOR", "LOCAL_HALF_WIDTH", "ExploringTPESampler", "SpreadSampler",
-           "batch_cap", "incumbent", "planned_seconds", "within_cap"]
+           "batch_cap", "incumbent", "pace_need", "planned_seconds", "within_cap"]
 
 _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 
@@ -156,6 +160,38 @@ def planned_seconds(trial: FrozenTrial) -> float | None:
     return end if 0 < end < math.inf else None
 
 
+def _check_target(target: float | None, metric: str) -> None:
+    if target is not None and not 0.0 < target < 1.0:
+        raise ValueError(f"target must be an accuracy between 0 and 1 (exclusive), got {target}"
+                         "; give None for a metric on another scale or one that falls")
+    if metric not in ("top1", "top5"):
+        raise ValueError(f"metric must be top1 or top5 (the curve's slot), got {metric!r}")
+
+
+def pace_need(trial: FrozenTrial, target: float, metric: str = "top1") -> float | None:
+    """The elapsed seconds ``trial``'s curve would need to reach ``target`` (an accuracy, in
+    the ``metric`` slot) at its average pace so far: log error falling linearly in time from
+    1 at the start (the pruner's projection model, without its optimism) to its best so far,
+    ``elapsed x log(1 - target) / log(1 - best)``; infinite for one still at an error of 1,
+    None where it reached the target or has no evaluation. A run that ended at 0.60 after
+    10 h needs 13 h for 0.70; one at 0.30, 34 h."""
+    try:
+        rows = [(r.elapsed_s, r.top5 if metric == "top5" else r.top1)
+                for r in record.curve_rows(trial.user_attrs)]
+    except (TypeError, ValueError, IndexError):
+        return None
+    values = [(t, float(v)) for t, v in rows if v is not None]
+    if not values:
+        return None
+    best = max(v for _, v in values)
+    error, goal = 1.0 - min(best, 1.0), 1.0 - target
+    if error <= goal:
+        return None
+    if error >= 1.0:
+        return math.inf
+    return values[-1][0] * math.log(goal) / math.log(error)
+
+
 def _study_cap(study: optuna.Study, trial: FrozenTrial) -> float | None:
     """``batch_cap`` over the trials ``study`` has tried or is trying, ``trial`` aside."""
     return batch_cap([t for t in study.get_trials(deepcopy=False, states=_TRIED)
@@ -185,11 +221,16 @@ class SpreadSampler(optuna.samplers.BaseSampler):
     counts ``failed_cost`` times its planned duration (times the median one when it failed
     before a first evaluation), so the study keeps away from regions that only look cheap
     because their trials blow up early. ``cost_weight=0``: plain maximin.
+    With ``target`` (an accuracy between 0 and 1, held in the curves' ``metric`` slot), a
+    trial that ended without reaching it counts at least the time its curve would need to get
+    there at its average pace so far (``pace_need``), at most ``failed_cost`` times its
+    planned duration: a short schedule that ran out far below the target only looks cheap.
     Parameters that not every trial has (conditional ones), and those of the first trial, are
     drawn at random."""
 
     def __init__(self, seed: int | None = None, candidates: int = 64, cost_weight: float = 0.5,
-                 failed_cost: float = 4.0, neighbours: int = 3) -> None:
+                 failed_cost: float = 4.0, neighbours: int = 3, target: float | None = None,
+                 metric: str = "top1") -> None:
         if candidates < 1:
             raise ValueError(f"candidates must be >= 1, got {candidates}")
         if cost_weight < 0:
@@ -198,6 +239,8 @@ class SpreadSampler(optuna.samplers.BaseSampler):
             raise ValueError(f"failed_cost must be > 0, got {failed_cost}")
         if neighbours < 1:
             raise ValueError(f"neighbours must be >= 1, got {neighbours}")
+        _check_target(target, metric)
+        self.target, self.metric = target, metric
         self.candidates = candidates
         self.cost_weight, self.failed_cost, self.neighbours = cost_weight, failed_cost, neighbours
         self._rng = random.Random(seed)
@@ -212,15 +255,23 @@ class SpreadSampler(optuna.samplers.BaseSampler):
     def _costs(self, tried: list[FrozenTrial]) -> list[float | None]:
         """Each tried trial's cost: its planned duration, ``failed_cost`` times that for one
         that failed for its configuration; one that failed before a first evaluation (out of
-        memory at its first step) counts ``failed_cost`` times the median known duration."""
+        memory at its first step) counts ``failed_cost`` times the median known duration.
+        With a target, one that ended without reaching it counts the longer of its planned
+        duration and ``pace_need`` (at most ``failed_cost`` times its planned duration)."""
         planned = [planned_seconds(t) for t in tried]
         known = [p for p in planned if p is not None]
         typical = statistics.median(known) if known else None
         costs: list[float | None] = []
         for t, seconds in zip(tried, planned, strict=True):
-            if t.user_attrs.get(record.OUTCOME) == "failed":
+            outcome = t.user_attrs.get(record.OUTCOME)
+            if outcome == "failed":
                 seconds = seconds if seconds is not None else typical
                 seconds = None if seconds is None else seconds * self.failed_cost
+            elif (seconds is not None and self.target is not None and outcome != "reached"
+                  and t.state != TrialState.RUNNING):
+                need = pace_need(t, self.target, self.metric)
+                if need is not None:
+                    seconds = min(max(seconds, need), self.failed_cost * seconds)
             costs.append(seconds)
         return costs
 
@@ -270,10 +321,12 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 32,
                  tpe_every: int = 4, candidates: int = 64, cost_weight: float = 0.5,
-                 failed_cost: float = 4.0, local_half_width: float | None = LOCAL_HALF_WIDTH
-                 ) -> None:
+                 failed_cost: float = 4.0, local_half_width: float | None = LOCAL_HALF_WIDTH,
+                 target: float | None = None, metric: str = "top1") -> None:
         """``seed``: every draw's (a worker without one draws its own).
-        ``local_half_width`` None: spread points stay global after a first reach."""
+        ``local_half_width`` None: spread points stay global after a first reach.
+        ``target``, ``metric``: the study's accuracy target and its curve slot, for the
+        spread points' costs (``SpreadSampler``; None: planned durations alone)."""
         if tpe_every < 0:
             raise ValueError(f"tpe_every must be >= 0, got {tpe_every}")
         if n_startup_trials < 0:
@@ -285,7 +338,7 @@ class ExploringTPESampler(optuna.samplers.BaseSampler):
         self._tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
         self._spread = SpreadSampler(seed=None if seed is None else seed + 7919,
                                      candidates=candidates, cost_weight=cost_weight,
-                                     failed_cost=failed_cost)
+                                     failed_cost=failed_cost, target=target, metric=metric)
         self.n_startup_trials = n_startup_trials
         self.tpe_every = tpe_every
 

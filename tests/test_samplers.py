@@ -13,7 +13,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from autotune._spread import distance, draw, farthest, nearby_cost
-from autotune.samplers import ExploringTPESampler, SpreadSampler, planned_seconds
+from autotune.samplers import ExploringTPESampler, SpreadSampler, pace_need, planned_seconds
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -160,6 +160,73 @@ def test_a_trial_failed_before_its_first_evaluation_counts_as_a_dear_one():
         study = tried()
         study.sampler = SpreadSampler(seed=seed, candidates=32, cost_weight=1.0, neighbours=1)
         assert study.ask().suggest_float("x", 0.0, 1.0) > 0.5
+
+
+def test_a_miss_needs_the_time_its_average_pace_would_take_to_the_target():
+    # 0.6 after 10 s: log(0.3) / log(0.4) x 10 s = 13.1 s to reach 0.7; 0.3: 33.8 s
+    near = _trial_with_curve(0.5, [[5.0, 0.5, 0.8, 0.5, 1.0], [10.0, 0.6, 0.9, 1.0, 0.8]],
+                             "censored")
+    far = _trial_with_curve(0.5, [[5.0, 0.2, 0.4, 0.5, 2.0], [10.0, 0.3, 0.5, 1.0, 1.8]],
+                            "censored")
+    assert pace_need(near, 0.7) == pytest.approx(10 * math.log(0.3) / math.log(0.4))
+    assert pace_need(far, 0.7) == pytest.approx(10 * math.log(0.3) / math.log(0.7))
+    assert pace_need(near, 0.55) is None                            # it got there
+    assert pace_need(near, 0.95, metric="top5") == pytest.approx(
+        10 * math.log(0.05) / math.log(0.1))                        # top-5's slot
+    at_zero = _trial_with_curve(0.5, [[10.0, 0.0, 0.0, 0.5, 7.0]], "censored")
+    assert pace_need(at_zero, 0.7) == math.inf
+    assert pace_need(optuna.trial.create_trial(params={"x": 0.5}, distributions=LINE,
+                                               value=1.0), 0.7) is None
+
+
+def test_a_neighbour_that_ran_out_far_below_the_target_counts_as_a_dear_one():
+    # x = 0 ran a 10 s schedule to its end and stopped at 0.3; x = 1 ran a 20 s one to 0.68.
+    # By planned duration x = 0's side is the cheaper; by the pace each would need to reach
+    # 0.7 (33.8 s, capped at 4 x 10 s; 21 s) x = 1's is.
+    def tried(target: float | None) -> tuple[optuna.Study, SpreadSampler]:
+        sampler = SpreadSampler(seed=0, candidates=32, cost_weight=1.0, neighbours=1,
+                                target=target)
+        study = optuna.create_study(sampler=sampler)
+        study.add_trial(_trial_with_curve(0.0, [[5.0, 0.2, 0.5, 0.5, 2.0],
+                                                [10.0, 0.3, 0.6, 1.0, 1.8]], "censored"))
+        study.add_trial(_trial_with_curve(1.0, [[10.0, 0.6, 0.9, 0.5, 1.0],
+                                                [20.0, 0.68, 0.95, 1.0, 0.8]], "censored"))
+        return study, sampler
+
+    study, sampler = tried(0.7)
+    far, near = sampler._costs(study.trials)
+    assert far == pytest.approx(10 * math.log(0.3) / math.log(0.7))
+    assert near == pytest.approx(20 * math.log(0.3) / math.log(0.32))
+    study, sampler = tried(0.7)
+    sampler.failed_cost = 2.0
+    assert sampler._costs(study.trials)[0] == pytest.approx(20.0)      # at most 2 x 10 s
+    study, sampler = tried(None)
+    assert sampler._costs(study.trials) == pytest.approx([10.0, 20.0])  # no target: planned
+    for seed in range(10):
+        study, sampler = tried(0.7)
+        sampler._rng = random.Random(seed)
+        assert study.ask().suggest_float("x", 0.0, 1.0) > 0.5
+        study, sampler = tried(None)
+        sampler._rng = random.Random(seed)
+        assert study.ask().suggest_float("x", 0.0, 1.0) < 0.5
+
+
+def test_reached_running_and_failed_trials_are_not_weighed_by_pace():
+    sampler = SpreadSampler(target=0.7, failed_cost=4.0)
+    reached = _trial_with_curve(0.0, [[10.0, 0.75, 0.9, 0.5, 1.0]], "reached")
+    failed = _trial_with_curve(0.5, [[10.0, 0.1, 0.3, 0.5, 1e9]], "failed")
+    running = optuna.trial.create_trial(params={"x": 1.0}, distributions=LINE,
+                                        state=optuna.trial.TrialState.RUNNING,
+                                        user_attrs={"curve": [[10.0, 0.1, 0.3, 0.5, 2.0]]})
+    assert sampler._costs([reached, failed, running]) == pytest.approx([20.0, 80.0, 20.0])
+
+
+def test_a_target_off_the_accuracy_scale_is_refused():
+    for target in (0.0, 1.0, 25.0, -0.5):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            SpreadSampler(target=target)
+    with pytest.raises(ValueError, match="top1 or top5"):
+        ExploringTPESampler(target=0.7, metric="f1")
 
 
 def test_which_sampler_draws_each_trial():
@@ -406,3 +473,23 @@ def test_after_a_first_reach_one_spread_point_in_four_is_drawn_near_the_fastest_
         study.add_trial(t)
     plain._for(study, SimpleNamespace(number=9))
     assert plain._centers.get(9) is None and sampler._centers.get(9) == fastest
+
+
+def test_a_study_weighs_misses_against_its_own_accuracy_target():
+    import dataclasses
+
+    from autotune.config import StudyConfig, Target
+    from autotune.modes import make_sampler
+
+    def spread(target: Target) -> SpreadSampler:
+        sampler = make_sampler(dataclasses.replace(StudyConfig(), target=target), 0)
+        assert isinstance(sampler, ExploringTPESampler)
+        return sampler._spread
+
+    assert (spread(Target("top1", 0.93)).target, spread(Target("top1", 0.93)).metric) == \
+        (0.93, "top1")
+    assert spread(Target("top5", 0.93)).metric == "top5"
+    assert spread(Target("f1", 0.8)).metric == "top1"         # a script's metric: top-1's slot
+    assert spread(Target("top1", 1.0)).target is None         # no error left to weigh by
+    assert spread(Target("loss", 0.9, mode="min")).target is None
+    assert spread(Target("bleu", 25.0)).target is None

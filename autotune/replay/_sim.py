@@ -212,7 +212,10 @@ class Replay:
 
     def _sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         if self.autotune:
-            return ExploringTPESampler(seed=seed)
+            t = self.table                  # as the worker sets it up (``modes``)
+            accuracy = not t.falls and 0.0 < t.target < 1.0
+            return ExploringTPESampler(seed=seed, target=t.target if accuracy else None,
+                                       metric=t.metric)
         if self.method.startswith("random") or self.method == "asha_wallclock":
             return optuna.samplers.RandomSampler(seed=seed)
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
