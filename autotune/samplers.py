@@ -257,7 +257,8 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         that failed for its configuration; one that failed before a first evaluation (out of
         memory at its first step) counts ``failed_cost`` times the median known duration.
         With a target, one that ended without reaching it counts the longer of its planned
-        duration and ``pace_need`` (at most ``failed_cost`` times its planned duration)."""
+        duration and ``pace_need`` (at most ``failed_cost`` times its planned duration); one
+        interrupted so that a resumption goes on in its place is no miss."""
         planned = [planned_seconds(t) for t in tried]
         known = [p for p in planned if p is not None]
         typical = statistics.median(known) if known else None
@@ -268,7 +269,8 @@ class SpreadSampler(optuna.samplers.BaseSampler):
                 seconds = seconds if seconds is not None else typical
                 seconds = None if seconds is None else seconds * self.failed_cost
             elif (seconds is not None and self.target is not None and outcome != "reached"
-                  and t.state != TrialState.RUNNING):
+                  and t.state != TrialState.RUNNING
+                  and t.user_attrs.get(record.STOP_REASON) not in record.RESUMED_REASONS):
                 need = pace_need(t, self.target, self.metric)
                 if need is not None:
                     seconds = min(max(seconds, need), self.failed_cost * seconds)

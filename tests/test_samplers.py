@@ -211,14 +211,19 @@ def test_a_neighbour_that_ran_out_far_below_the_target_counts_as_a_dear_one():
         assert study.ask().suggest_float("x", 0.0, 1.0) < 0.5
 
 
-def test_reached_running_and_failed_trials_are_not_weighed_by_pace():
+def test_reached_running_failed_and_interrupted_trials_are_not_weighed_by_pace():
     sampler = SpreadSampler(target=0.7, failed_cost=4.0)
     reached = _trial_with_curve(0.0, [[10.0, 0.75, 0.9, 0.5, 1.0]], "reached")
     failed = _trial_with_curve(0.5, [[10.0, 0.1, 0.3, 0.5, 1e9]], "failed")
     running = optuna.trial.create_trial(params={"x": 1.0}, distributions=LINE,
                                         state=optuna.trial.TrialState.RUNNING,
                                         user_attrs={"curve": [[10.0, 0.1, 0.3, 0.5, 2.0]]})
-    assert sampler._costs([reached, failed, running]) == pytest.approx([20.0, 80.0, 20.0])
+    interrupted = optuna.trial.create_trial(
+        params={"x": 0.2}, distributions=LINE, value=1.0,
+        user_attrs={"curve": [[10.0, 0.1, 0.3, 0.5, 2.0]], "outcome": "censored",
+                    "stop_reason": "interrupted"})      # resumed elsewhere: no miss
+    assert sampler._costs([reached, failed, running, interrupted]) == \
+        pytest.approx([20.0, 80.0, 20.0, 20.0])
 
 
 def test_a_target_off_the_accuracy_scale_is_refused():
