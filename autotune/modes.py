@@ -47,13 +47,10 @@ def _no_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
 
 def _exploring_sampler(cfg: StudyConfig, seed: int | None) -> optuna.samplers.BaseSampler:
     from .decisions import metric_slot
-    from .samplers import ExploringTPESampler
+    from .samplers import ExploringTPESampler, accuracy_target
 
-    # The spread points weigh a miss by how far it fell short of an accuracy target; a metric
-    # that falls, or one on another scale than 0 - 1, is weighed by planned durations alone.
-    value = cfg.target.value
-    accuracy = not cfg.target.falls and 0.0 < value < 1.0
-    return ExploringTPESampler(seed=seed, target=value if accuracy else None,
+    return ExploringTPESampler(seed=seed,
+                               target=accuracy_target(cfg.target.value, cfg.target.falls),
                                metric=metric_slot(cfg.target.metric))
 
 

@@ -74,7 +74,8 @@ from . import record
 from ._spread import farthest
 
 __all__ = ["BATCH_FACTOR", "LOCAL_HALF_WIDTH", "ExploringTPESampler", "SpreadSampler",
-           "batch_cap", "incumbent", "pace_need", "planned_seconds", "within_cap"]
+           "accuracy_target", "batch_cap", "incumbent", "pace_need", "planned_seconds",
+           "within_cap"]
 
 _TRIED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 
@@ -166,6 +167,13 @@ def _check_target(target: float | None, metric: str) -> None:
                          "; give None for a metric on another scale or one that falls")
     if metric not in ("top1", "top5"):
         raise ValueError(f"metric must be top1 or top5 (the curve's slot), got {metric!r}")
+
+
+def accuracy_target(value: float, falls: bool) -> float | None:
+    """The target the spread points weigh misses against (``pace_need``): ``value`` where it is
+    an accuracy between 0 and 1 reached from below, else None (a metric that falls, or one on
+    another scale, is weighed by planned durations alone)."""
+    return value if not falls and 0.0 < value < 1.0 else None
 
 
 def pace_need(trial: FrozenTrial, target: float, metric: str = "top1") -> float | None:

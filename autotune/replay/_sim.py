@@ -44,7 +44,7 @@ from ..decisions import (
     tell,
 )
 from ..pruners import TimeToAccuracyPruner
-from ..samplers import ExploringTPESampler
+from ..samplers import ExploringTPESampler, accuracy_target
 from ..space import InfeasiblePoint
 from ._tables import Run, Table
 
@@ -213,8 +213,7 @@ class Replay:
     def _sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         if self.autotune:
             t = self.table                  # as the worker sets it up (``modes``)
-            accuracy = not t.falls and 0.0 < t.target < 1.0
-            return ExploringTPESampler(seed=seed, target=t.target if accuracy else None,
+            return ExploringTPESampler(seed=seed, target=accuracy_target(t.target, t.falls),
                                        metric=t.metric)
         if self.method.startswith("random") or self.method == "asha_wallclock":
             return optuna.samplers.RandomSampler(seed=seed)
