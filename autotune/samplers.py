@@ -1,8 +1,8 @@
 """autotune's sampler: cost-aware spread points, with TPE for a share of them after a start.
 
 With time-to-accuracy pruning a losing trial costs little (it stops at the best TTA so far,
-often at its first evaluations), so covering the space is cheap, while TPE settles on the
-first good region it finds and proposes its neighbours again and again. So the first
+often at its first evaluations), so covering the space is cheap, while TPE settles on the first
+good region it finds and proposes its neighbours again and again. So the first
 ``n_startup_trials`` trials, and after them all but every ``tpe_every``-th, are spread points:
 of ``candidates`` uniform draws, the one with the largest distance to the nearest configuration
 the study has tried or is trying (greedy maximin, in the unit cube of the search space:
@@ -11,18 +11,20 @@ nearest to it cost: their geometric mean planned duration, of the 3 nearest, one
 (diverged, out of memory) counted 4 x (``failed_cost``). Every trial's curve gives its planned
 duration (elapsed seconds over the share of its schedule done), pruned or not, and a TTA can
 never exceed it: of two equally unexplored regions, the study first tries the one whose
-neighbours are quick. Given the study's accuracy target, a trial that ended without reaching
-it counts the longer of its planned duration and the time its curve would need to reach the
-target at its average pace (``pace_need``), at most 4 x its planned duration: a short schedule
-that ran out far below the target is no cheap neighbour, a narrow miss counts about its own
-length. TPE as Optuna 5 sets it up (multivariate, constant liar, 8 start-up
-trials), with its constraints so censored and failed trials count, proposes the rest, which
-keeps some refinement near the best configurations for long studies. Once a trial has reached
-the target, one spread point in each ``tpe_every`` after the start is local: its candidates
-are drawn within ``LOCAL_HALF_WIDTH`` (0.4) of the fastest configuration so far in the unit
-cube, its categorical choices kept, so the study also tries the least explored
-configurations near its best (TuRBO's initial trust region, a box of side 0.8: Eriksson et
-al., NeurIPS 2019), which TPE, refining where it has already been, rarely proposes.
+neighbours are quick. A trial that reached the target counts its TTA, what reaching took there
+(a long schedule that reached early is a quick neighbour, not a long one). Given the study's
+accuracy target, a trial that ended without reaching it counts the longer of its planned
+duration and the time its curve would need to reach the target at its average pace
+(``pace_need``), at most 4 x its planned duration: a short schedule that ran out far below the
+target is no cheap neighbour, a narrow miss counts about its own length. TPE as Optuna 5 sets
+it up (multivariate, constant liar, 8 start-up trials), with its constraints so censored and
+failed trials count, proposes the rest, which keeps some refinement near the best
+configurations for long studies. Once a trial has reached the target, one spread point in each
+``tpe_every`` after the start is local: its candidates are drawn within ``LOCAL_HALF_WIDTH``
+(0.4) of the fastest configuration so far in the unit cube, its categorical choices kept, so
+the study also tries the least explored configurations near its best (TuRBO's initial trust
+region, a box of side 0.8: Eriksson et al., NeurIPS 2019), which TPE, refining where it has
+already been, rarely proposes.
 
 How it was chosen (``benchmarks/search_efficiency.py``; BENCHMARKS.md has the figures): spread
 points beat a scrambled Sobol start (in the replay a Sobol point often lands on a configuration
@@ -200,6 +202,15 @@ def pace_need(trial: FrozenTrial, target: float, metric: str = "top1") -> float 
     return values[-1][0] * math.log(goal) / math.log(error)
 
 
+def _tta(trial: FrozenTrial) -> float | None:
+    """A reached trial's time-to-accuracy: what it recorded (``record.TTA``), else its value."""
+    value = trial.user_attrs.get(record.TTA)
+    if not isinstance(value, int | float) and trial.values is not None \
+            and len(trial.values) == 1:
+        value = trial.values[0]
+    return float(value) if isinstance(value, int | float) and 0 < value < math.inf else None
+
+
 def _study_cap(study: optuna.Study, trial: FrozenTrial) -> float | None:
     """``batch_cap`` over the trials ``study`` has tried or is trying, ``trial`` aside."""
     return batch_cap([t for t in study.get_trials(deepcopy=False, states=_TRIED)
@@ -225,10 +236,11 @@ class SpreadSampler(optuna.samplers.BaseSampler):
     """Each point the best of ``candidates`` uniform draws: farthest from the configurations the
     study has tried (complete, pruned) or is trying (running, in any worker), that distance
     divided by (the geometric mean planned duration of the ``neighbours`` nearest tried trials)
-    ** ``cost_weight``. A trial that failed for its configuration (diverged, out of memory)
-    counts ``failed_cost`` times its planned duration (times the median one when it failed
-    before a first evaluation), so the study keeps away from regions that only look cheap
-    because their trials blow up early. ``cost_weight=0``: plain maximin.
+    ** ``cost_weight``. A trial that reached the target counts its TTA (what reaching took,
+    at most its planned duration). A trial that failed for its configuration (diverged, out
+    of memory) counts ``failed_cost`` times its planned duration (times the median one when
+    it failed before a first evaluation), so the study keeps away from regions that only look
+    cheap because their trials blow up early. ``cost_weight=0``: plain maximin.
     With ``target`` (an accuracy between 0 and 1, held in the curves' ``metric`` slot), a
     trial that ended without reaching it counts at least the time its curve would need to get
     there at its average pace so far (``pace_need``), at most ``failed_cost`` times its
@@ -261,8 +273,9 @@ class SpreadSampler(optuna.samplers.BaseSampler):
             ours, include_pruned=True).items() if not dist.single()}
 
     def _costs(self, tried: list[FrozenTrial]) -> list[float | None]:
-        """Each tried trial's cost: its planned duration, ``failed_cost`` times that for one
-        that failed for its configuration; one that failed before a first evaluation (out of
+        """Each tried trial's cost: its planned duration, its TTA for one that reached (where
+        that is less), ``failed_cost`` times its planned duration for one that failed for its
+        configuration; one that failed before a first evaluation (out of
         memory at its first step) counts ``failed_cost`` times the median known duration.
         With a target, one that ended without reaching it counts the longer of its planned
         duration and ``pace_need`` (at most ``failed_cost`` times its planned duration); one
@@ -273,10 +286,14 @@ class SpreadSampler(optuna.samplers.BaseSampler):
         costs: list[float | None] = []
         for t, seconds in zip(tried, planned, strict=True):
             outcome = t.user_attrs.get(record.OUTCOME)
-            if outcome == "failed":
+            if outcome == "reached":
+                tta = _tta(t)
+                if tta is not None and (seconds is None or tta < seconds):
+                    seconds = tta
+            elif outcome == "failed":
                 seconds = seconds if seconds is not None else typical
                 seconds = None if seconds is None else seconds * self.failed_cost
-            elif (seconds is not None and self.target is not None and outcome != "reached"
+            elif (seconds is not None and self.target is not None
                   and t.state != TrialState.RUNNING
                   and t.user_attrs.get(record.STOP_REASON) not in record.RESUMED_REASONS):
                 need = pace_need(t, self.target, self.metric)

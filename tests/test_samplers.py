@@ -223,7 +223,37 @@ def test_reached_running_failed_and_interrupted_trials_are_not_weighed_by_pace()
         user_attrs={"curve": [[10.0, 0.1, 0.3, 0.5, 2.0]], "outcome": "censored",
                     "stop_reason": "interrupted"})      # resumed elsewhere: no miss
     assert sampler._costs([reached, failed, running, interrupted]) == \
-        pytest.approx([20.0, 80.0, 20.0, 20.0])
+        pytest.approx([10.0, 80.0, 20.0, 20.0])     # reached: its TTA (its value here)
+
+
+def test_a_trial_that_reached_counts_its_tta_not_its_whole_schedule():
+    # x = 0 planned 100 s and reached at 12 s; x = 1 planned 30 s and reached at its end.
+    # By planned duration x = 1's side is the cheaper; by what reaching took, x = 0's is.
+    def study_of(tta_early: float) -> tuple[optuna.Study, SpreadSampler]:
+        sampler = SpreadSampler(seed=0, candidates=32, cost_weight=1.0, neighbours=1,
+                                target=0.7)
+        study = optuna.create_study(sampler=sampler)
+        study.add_trial(optuna.trial.create_trial(
+            params={"x": 0.0}, distributions=LINE, value=tta_early,
+            user_attrs={"curve": [[12.0, 0.72, 0.9, 0.12, 1.0]], "outcome": "reached",
+                        "tta_s": tta_early}))
+        study.add_trial(_trial_with_curve(1.0, [[15.0, 0.5, 0.8, 0.5, 1.0],
+                                                [30.0, 0.71, 0.9, 1.0, 0.8]], "reached"))
+        return study, sampler
+
+    study, sampler = study_of(12.0)
+    assert sampler._costs(study.trials) == pytest.approx([12.0, 30.0])
+    for seed in range(10):
+        study, sampler = study_of(12.0)
+        sampler._rng = random.Random(seed)
+        assert study.ask().suggest_float("x", 0.0, 1.0) < 0.5
+    # a TTA on another clock than the curve's (launch included), longer than the schedule:
+    # the planned duration stands
+    study, sampler = study_of(150.0)
+    assert sampler._costs(study.trials) == pytest.approx([100.0, 30.0])
+    no_curve = optuna.trial.create_trial(params={"x": 0.5}, distributions=LINE, value=7.0,
+                                         user_attrs={"outcome": "reached"})
+    assert sampler._costs([no_curve]) == pytest.approx([7.0])          # only a TTA known
 
 
 def test_a_target_off_the_accuracy_scale_is_refused():
