@@ -203,12 +203,8 @@ def pace_need(trial: FrozenTrial, target: float, metric: str = "top1") -> float 
 
 
 def _tta(trial: FrozenTrial) -> float | None:
-    """A reached trial's time-to-accuracy: what it recorded (``record.TTA``), else its value."""
-    value = trial.user_attrs.get(record.TTA)
-    if not isinstance(value, int | float) and trial.values is not None \
-            and len(trial.values) == 1:
-        value = trial.values[0]
-    return float(value) if isinstance(value, int | float) and 0 < value < math.inf else None
+    """A reached trial's time-to-accuracy: its value (``record.reached``), None without one."""
+    return float(trial.values[0]) if record.reached([trial]) and trial.values[0] > 0 else None
 
 
 def _study_cap(study: optuna.Study, trial: FrozenTrial) -> float | None:
@@ -275,8 +271,8 @@ class SpreadSampler(optuna.samplers.BaseSampler):
     def _costs(self, tried: list[FrozenTrial]) -> list[float | None]:
         """Each tried trial's cost: its planned duration, its TTA for one that reached (where
         that is less), ``failed_cost`` times its planned duration for one that failed for its
-        configuration; one that failed before a first evaluation (out of
-        memory at its first step) counts ``failed_cost`` times the median known duration.
+        configuration; one that failed before a first evaluation (out of memory at its first
+        step) counts ``failed_cost`` times the median known duration.
         With a target, one that ended without reaching it counts the longer of its planned
         duration and ``pace_need`` (at most ``failed_cost`` times its planned duration); one
         interrupted so that a resumption goes on in its place is no miss."""
